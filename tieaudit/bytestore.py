@@ -1,0 +1,63 @@
+"""Read-only access to storage bytes: memory maps of files, or buffers already in memory."""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import TYPE_CHECKING
+
+from tieaudit.errors import InputError
+
+if TYPE_CHECKING:
+    from tieaudit.model import StorageInfo
+
+
+class ByteStore:
+    """Hands out read-only memoryviews of storages; maps each file once, lazily."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self._maps: dict[str, mmap.mmap] = {}
+        self._memory: dict[str, bytes] = {}
+
+    def hold(self, storage_id: str, data: bytes) -> None:
+        """Keep bytes that live in memory (e.g. ONNX data embedded in the protobuf)."""
+        self._memory[storage_id] = data
+
+    def _map(self, file: str) -> mmap.mmap:
+        mapped = self._maps.get(file)
+        if mapped is None:
+            path = os.path.join(self.root, file)
+            with open(path, "rb") as handle:
+                size = os.fstat(handle.fileno()).st_size
+                if size == 0:
+                    raise InputError("file is empty", path)
+                mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+            self._maps[file] = mapped
+        return mapped
+
+    def buffer(self, storage: StorageInfo) -> memoryview:
+        """The storage's bytes, read-only and zero-copy."""
+        if storage.storage_id in self._memory:
+            return memoryview(self._memory[storage.storage_id])
+        if storage.nbytes == 0:
+            return memoryview(b"")
+        mapped = self._map(storage.file)
+        end = storage.file_offset + storage.nbytes
+        if storage.file_offset < 0 or end > len(mapped):
+            raise InputError(
+                f"storage {storage.storage_id} needs bytes {storage.file_offset}..{end} "
+                f"but the file has {len(mapped)}",
+                os.path.join(self.root, storage.file),
+            )
+        return memoryview(mapped)[storage.file_offset : end]
+
+    def close(self) -> None:
+        """Unmap every file (views still alive keep their map until released)."""
+        for mapped in self._maps.values():
+            try:
+                mapped.close()
+            except BufferError:
+                pass  # a caller still holds a view; the map closes when it is released
+        self._maps.clear()
+        self._memory.clear()

@@ -1,0 +1,75 @@
+"""Canonical dtype names (torch spelling) and their numpy equivalents.
+
+Every reader maps its format's dtype to one of these names, so the graph, the detector and the
+report speak one vocabulary. bfloat16 and float8 come from ml_dtypes.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import numpy as np
+
+ITEMSIZE: dict[str, int] = {
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "float8_e4m3fnuz": 1,
+    "float8_e5m2fnuz": 1,
+    "complex128": 16,
+    "complex64": 8,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint64": 8,
+    "uint32": 4,
+    "uint16": 2,
+    "uint8": 1,
+    "bool": 1,
+}
+
+FLOATS = frozenset(
+    {
+        "float64",
+        "float32",
+        "float16",
+        "bfloat16",
+        "float8_e4m3fn",
+        "float8_e5m2",
+        "float8_e4m3fnuz",
+        "float8_e5m2fnuz",
+    }
+)
+
+_ML_DTYPES = {
+    "bfloat16",
+    "float8_e4m3fn",
+    "float8_e5m2",
+    "float8_e4m3fnuz",
+    "float8_e5m2fnuz",
+}
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a canonical dtype name."""
+    return ITEMSIZE[dtype]
+
+
+@cache
+def to_numpy(dtype: str) -> np.dtype[np.generic]:
+    """numpy dtype for a canonical name (ml_dtypes for bfloat16 and float8)."""
+    if dtype in _ML_DTYPES:
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, dtype))
+    return np.dtype(dtype)
+
+
+def uint_view_dtype(dtype: str) -> np.dtype[np.generic]:
+    """An unsigned integer dtype of the same width, for byte-exact comparison."""
+    size = itemsize(dtype)
+    return np.dtype({1: "u1", 2: "<u2", 4: "<u4", 8: "<u8", 16: "V16"}[size])

@@ -1,0 +1,35 @@
+"""Errors tieaudit reports to users, kept apart from its own bugs.
+
+A ``TieauditError`` is the user's problem (bad input, bad usage): the CLI prints one line and
+exits 2. Any other exception is a tieaudit bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class TieauditError(Exception):
+    """Base of every error caused by input or usage, never by a tieaudit bug."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.path = path
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+class UsageError(TieauditError):
+    """The command line or the policy asks for something that cannot be done."""
+
+
+class InputError(TieauditError):
+    """The input is missing, unreadable, truncated or malformed."""
+
+
+class UnsupportedFormatError(InputError):
+    """The input is readable but is not a format tieaudit audits."""
+
+
+class UnsafeInputError(InputError):
+    """The input tries something tieaudit refuses: code in a pickle, paths leaving the folder."""

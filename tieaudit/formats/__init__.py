@@ -1,0 +1,51 @@
+"""Format readers, chosen by content (magic bytes, zip layout, protobuf), not by suffix."""
+
+from __future__ import annotations
+
+import os
+
+from tieaudit.errors import InputError, UnsupportedFormatError
+from tieaudit.formats.interface import Reader
+from tieaudit.model import Checkpoint
+
+HEAD_BYTES = 64
+
+
+def _readers() -> list[Reader]:
+    # Imported here so that reading one format never imports another's framework.
+    from tieaudit.formats.hf_dir import HfDirReader
+    from tieaudit.formats.onnx_model import OnnxReader
+    from tieaudit.formats.safetensors import SafetensorsReader
+    from tieaudit.formats.torch_file import TorchReader
+
+    return [HfDirReader(), SafetensorsReader(), TorchReader(), OnnxReader()]
+
+
+def read_head(path: str) -> bytes:
+    """The first bytes of a file, with errors worded for users."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(HEAD_BYTES)
+    except IsADirectoryError:
+        return b""
+    except PermissionError as exc:
+        raise InputError("permission denied", path) from exc
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror or exc}", path) from exc
+
+
+def open_checkpoint(path: str) -> Checkpoint:
+    """Sniff path's format and read it."""
+    if not os.path.exists(path):
+        raise InputError("no such file or folder", path)
+    head = b"" if os.path.isdir(path) else read_head(path)
+    if not os.path.isdir(path) and not head:
+        raise InputError("file is empty", path)
+    for reader in _readers():
+        if reader.sniff(path, head):
+            return reader.read(path)
+    raise UnsupportedFormatError(
+        "not a checkpoint tieaudit reads (PyTorch .pt/.pth/.bin, safetensors, ONNX, "
+        "or a Hugging Face model folder)",
+        path,
+    )

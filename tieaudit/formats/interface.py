@@ -1,0 +1,21 @@
+"""The interface every format reader implements."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from tieaudit.model import Checkpoint, Format
+
+
+class Reader(ABC):
+    """Reads one format's metadata into a Checkpoint without reading tensor bytes."""
+
+    format: Format
+
+    @abstractmethod
+    def sniff(self, path: str, head: bytes) -> bool:
+        """True when the content (``head`` = first bytes of a file; empty for folders) is ours."""
+
+    @abstractmethod
+    def read(self, path: str) -> Checkpoint:
+        """Parse path; raise an InputError subclass for anything malformed or unsafe."""

@@ -1,0 +1,192 @@
+"""The records passed between stages: what a reader found in a checkpoint.
+
+Readers build these from metadata alone; tensor bytes are reached only through
+``Checkpoint.array``, which returns read-only views over memory-mapped files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from tieaudit.bytestore import ByteStore
+from tieaudit.dtypes import itemsize, to_numpy
+
+Format = Literal["torch", "safetensors", "onnx", "hf-dir"]
+DeclaredBy = Literal["config", "metadata", "index", "policy"]
+
+
+@dataclass(frozen=True)
+class StorageInfo:
+    """One run of bytes that one or more tensors view."""
+
+    storage_id: str
+    """Identifier unique within the checkpoint (torch record key, safetensors name, ...)."""
+    file: str
+    """File holding the bytes, relative to the checkpoint path's folder."""
+    file_offset: int
+    """Offset of the storage's first byte in that file (-1 when held in memory)."""
+    nbytes: int
+    """Size of the storage in bytes."""
+    dtype: str
+    """Canonical dtype of the storage elements."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """A named tensor as stored: a strided view into one storage."""
+
+    name: str
+    """Key as stored (state-dict key, safetensors key, ONNX initializer name)."""
+    dtype: str
+    """Canonical dtype name (torch spelling: float32, bfloat16, ...)."""
+    shape: tuple[int, ...]
+    """Shape in elements."""
+    strides: tuple[int, ...]
+    """Strides in elements, as torch reports them."""
+    storage_id: str
+    """The storage this tensor views."""
+    byte_offset: int
+    """Offset of element 0 from the start of the storage, in bytes."""
+    file: str
+    """File holding the storage, relative to the checkpoint path's folder."""
+
+    @property
+    def numel(self) -> int:
+        """Number of elements."""
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        return count
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the tensor's elements occupy."""
+        return self.numel * itemsize(self.dtype)
+
+    def byte_span(self) -> tuple[int, int]:
+        """[start, end) of the bytes this view touches within its storage."""
+        if self.numel == 0:
+            return (self.byte_offset, self.byte_offset)
+        # Readers reject negative strides, so the last element is the furthest one.
+        last = sum((dim - 1) * stride for dim, stride in zip(self.shape, self.strides, strict=True))
+        return (self.byte_offset, self.byte_offset + (last + 1) * itemsize(self.dtype))
+
+
+@dataclass(frozen=True)
+class DeclaredTie:
+    """A statement, somewhere outside the tensor bytes, that target is source."""
+
+    target: str
+    """The name that should be the same parameter as source (usually the output head)."""
+    source: str
+    """The name that holds the parameter (usually the input embedding)."""
+    declared_by: DeclaredBy
+    """Who says so: config.json, safetensors metadata, the shard index, or the policy."""
+    where: str
+    """The file (and key) where the declaration was found."""
+
+
+@dataclass(frozen=True)
+class Consumer:
+    """One use of an ONNX initializer as a node input."""
+
+    node: str
+    """Node name (or ``#index`` when the node is unnamed)."""
+    op_type: str
+    """ONNX operator type, e.g. Gather, MatMul, Transpose."""
+    slot: int
+    """Input position of the initializer in that node."""
+    graph: str
+    """Name of the (sub)graph holding the node; ``main`` for the top graph."""
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """An entry the reader saw but did not treat as a tensor."""
+
+    name: str
+    """Dotted name of the entry."""
+    reason: str
+    """Why it was not read as a tensor, e.g. ``int leaf``."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Facts from a Hugging Face config.json that tie rules use."""
+
+    architectures: tuple[str, ...] = ()
+    """Model classes named in ``architectures``."""
+    tie_word_embeddings: bool | None = None
+    """The config's word-embedding tie flag (None when not stated)."""
+    vocab_size: int | None = None
+    """Declared vocabulary size."""
+    tokenizer_vocab_size: int | None = None
+    """Vocabulary size of tokenizer.json, where present."""
+    file: str = "config.json"
+    """Where these facts came from."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Everything a reader found, plus access to tensor bytes."""
+
+    path: str
+    """The path the user gave."""
+    format: Format
+    """Which reader produced this."""
+    tensors: tuple[TensorInfo, ...]
+    """Every tensor, in stored order."""
+    storages: Mapping[str, StorageInfo]
+    """Storages by id."""
+    store: ByteStore = field(repr=False, compare=False)
+    """Where tensor bytes come from (memory maps)."""
+    declared_ties: tuple[DeclaredTie, ...] = ()
+    """Ties stated outside the bytes (config, metadata, index)."""
+    consumers: Mapping[str, tuple[Consumer, ...]] = field(default_factory=dict)
+    """ONNX: initializer name -> nodes using it."""
+    aliases: Mapping[str, str] = field(default_factory=dict)
+    """ONNX: value names that are another name for an initializer (Identity outputs)."""
+    skipped: tuple[Skipped, ...] = ()
+    """Entries that are not tensors (epoch counters, strings, ...)."""
+    config: ModelConfig | None = None
+    """Hugging Face config facts, for folders."""
+    files: tuple[str, ...] = ()
+    """Every file read, relative to the checkpoint folder."""
+
+    def tensor(self, name: str) -> TensorInfo:
+        """The tensor stored under name (KeyError when absent)."""
+        for tensor in self.tensors:
+            if tensor.name == name:
+                return tensor
+        raise KeyError(name)
+
+    @property
+    def names(self) -> frozenset[str]:
+        """Every stored tensor name."""
+        return frozenset(t.name for t in self.tensors)
+
+    def array(self, tensor: TensorInfo) -> np.ndarray:
+        """A read-only, zero-copy numpy view of the tensor's elements."""
+        buffer = self.store.buffer(self.storages[tensor.storage_id])
+        size = itemsize(tensor.dtype)
+        return np.ndarray(
+            shape=tensor.shape,
+            dtype=to_numpy(tensor.dtype),
+            buffer=buffer,
+            offset=tensor.byte_offset,
+            strides=tuple(s * size for s in tensor.strides),
+        )
+
+    def close(self) -> None:
+        """Release the memory maps."""
+        self.store.close()
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
