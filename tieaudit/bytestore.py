@@ -52,6 +52,21 @@ class ByteStore:
             )
         return memoryview(mapped)[storage.file_offset : end]
 
+    def drop(self, storage: StorageInfo, start: int, end: int) -> None:
+        """Let the kernel reclaim pages of storage bytes [start, end) that were read.
+
+        The mapping is read-only and file-backed, so dropped pages simply fault in again
+        from the page cache if read later: this bounds resident memory, never changes data.
+        """
+        mapped = self._maps.get(storage.file)
+        if mapped is None or storage.storage_id in self._memory:
+            return
+        page = mmap.PAGESIZE
+        first = (storage.file_offset + start) // page * page
+        last = min(len(mapped), storage.file_offset + end)
+        if last > first:
+            mapped.madvise(mmap.MADV_DONTNEED, first, last - first)
+
     def close(self) -> None:
         """Unmap every file (views still alive keep their map until released)."""
         for mapped in self._maps.values():

@@ -1,0 +1,204 @@
+"""Command line: parse options, call the library, map the outcome to an exit code. Nothing else."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from tieaudit import __version__
+from tieaudit.errors import TieauditError
+
+EXIT_CLEAN = 0
+EXIT_FINDINGS = 1
+EXIT_ERROR = 2
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class CliError(click.ClickException):
+    """A user-facing error: one line on stderr, exit 2."""
+
+    exit_code = EXIT_ERROR
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"tieaudit: error: {self.format_message()}", err=True)
+
+
+def user_errors(command: F) -> F:
+    """Turn library errors into one line and exit 2 (a traceback only with --debug)."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except TieauditError as exc:
+            ctx = click.get_current_context(silent=True)
+            if ctx is not None and (ctx.find_root().params.get("debug") or os.environ.get("TIEAUDIT_DEBUG")):
+                raise
+            raise CliError(str(exc)) from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
+def write_output(text: str, output: str | None) -> None:
+    """Write the report to --output (atomically) or stdout."""
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    from tieaudit.atomic import write_text_atomic
+
+    write_text_atomic(output, text)
+
+
+def output_options(formats: tuple[str, ...]) -> Callable[[F], F]:
+    """--format and --output, shared by the commands that write a report."""
+
+    def decorate(command: F) -> F:
+        command = click.option(
+            "--output", "-o", type=click.Path(dir_okay=False), default=None,
+            help="Write the report to this file instead of stdout.",
+        )(command)
+        return click.option(
+            "--format", "-f", "fmt", type=click.Choice(formats), default=formats[0], show_default=True,
+            help="Report format.",
+        )(command)
+
+    return decorate
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="tieaudit")
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors (for bug reports).")
+def cli(debug: bool) -> None:
+    """Audit machine-learning checkpoints for weight tying.
+
+    A tie is one parameter used in two places (input embedding and output projection).
+    Formats, converters and runtimes silently turn it into two copies; tieaudit finds
+    the copies, fixes them and fails a release that gets it wrong.
+
+    Exit codes: 0 clean, 1 findings at or above --fail-on (check), 2 usage error or
+    unreadable, unsafe or unsupported input.
+    """
+
+
+@cli.command()
+@click.argument("path", type=click.Path())
+@output_options(("text", "json", "dot"))
+@user_errors
+def inspect(path: str, fmt: str, output: str | None) -> None:
+    """Show which names share one storage, which ties are declared, and the tensors.
+
+    PATH is a PyTorch .pt/.pth/.bin file, a .safetensors file, an .onnx model or a
+    Hugging Face model folder; the format is found from the content. Tensor bytes are
+    not read to build the alias graph; pickles are parsed, never run.
+
+    \b
+    Examples:
+      tieaudit inspect model.pt
+      tieaudit inspect ./my-llama --format json -o report.json
+      tieaudit inspect model.onnx --format dot | dot -Tsvg > ties.svg
+    """
+    from tieaudit.audit import audit_path
+    from tieaudit.report import render
+
+    audit = audit_path(path)
+    write_output(render(audit, fmt, color=output is None and sys.stdout.isatty()), output)
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.option("--policy", "policy_path", type=click.Path(dir_okay=False), default=None,
+              help="Policy file: tieaudit.toml, or pyproject.toml with [tool.tieaudit]. "
+                   "Default: tieaudit.toml or pyproject.toml in the current folder, if any.")
+@click.option("--fail-on", type=click.Choice(["error", "warning", "note"]), default=None,
+              help="Exit 1 when a finding at or above this severity exists. [default: policy, else warning]")
+@click.option("--min-size", type=click.IntRange(min=0), default=None,
+              help="Tensors smaller than this many bytes are never copy candidates. [default: 1024]")
+@click.option("--ignore", "ignored", multiple=True, metavar="RULE",
+              help="Do not report this rule id (repeatable), e.g. --ignore TIE004.")
+@click.option("--exit-zero", is_flag=True, help="Always exit 0 unless the audit itself failed.")
+@output_options(("text", "json"))
+@user_errors
+def check(
+    paths: tuple[str, ...], policy_path: str | None, fail_on: str | None, min_size: int | None,
+    ignored: tuple[str, ...], exit_zero: bool, fmt: str, output: str | None,
+) -> None:
+    """Gate a release: exit 1 when findings reach --fail-on.
+
+    Finds copies that should be ties (TIE001: equal, transposed, or cast to lower
+    precision), declared ties that are broken (TIE002) or orphaned (TIE003),
+    vocabulary sizes that disagree (TIE004), overlapping views (TIE006) and ties the
+    policy requires (TIE008).
+
+    Equality is byte equality: +0.0 and -0.0 differ, NaNs must have the same payload,
+    and no tolerance applies (a head one optimizer step away differs by ~2e-5 and is
+    not a tie). Constant tensors (LayerNorm ones, zero biases) and tensors under
+    --min-size are never copy candidates.
+
+    Exit codes: 0 nothing at or above --fail-on; 1 findings; 2 usage error, or any
+    path unreadable, unsafe or unsupported (the audit is incomplete).
+
+    \b
+    Examples:
+      tieaudit check model.safetensors
+      tieaudit check ./release-llama --fail-on error --format json -o audit.json
+      tieaudit check a.pt b.onnx --policy tieaudit.toml
+    """
+    from dataclasses import replace
+
+    from tieaudit.check import run_check
+    from tieaudit.errors import UsageError
+    from tieaudit.findings import RULES
+    from tieaudit.policy import load_policy
+    from tieaudit.report import render_check
+
+    unknown = [rule for rule in ignored if rule not in RULES]
+    if unknown:
+        raise UsageError(f"unknown rule id {', '.join(unknown)} (known: {', '.join(RULES)})")
+    policy = load_policy(policy_path)
+    policy = replace(
+        policy,
+        fail_on=fail_on or policy.fail_on,  # type: ignore[arg-type]
+        min_bytes=policy.min_bytes if min_size is None else min_size,
+        ignore=policy.ignore | frozenset(ignored),
+    )
+    result = run_check(list(paths), policy)
+    write_output(render_check(result, fmt, policy.fail_on, color=output is None and sys.stdout.isatty()), output)
+    for error in result.errors:
+        click.echo(f"tieaudit: error: {error.path}: {error.message}", err=True)
+    code = result.exit_code(policy.fail_on)
+    if exit_zero and code == 1:
+        code = 0
+    if code:
+        raise click.exceptions.Exit(code)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point."""
+    try:
+        cli.main(args=argv, prog_name="tieaudit", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        return EXIT_ERROR if exc.exit_code == 1 else exc.exit_code  # click's UsageError is 2 already
+    except click.Abort:
+        click.echo("tieaudit: aborted", err=True)
+        return EXIT_ERROR
+    except Exception:  # a tieaudit bug, not bad input: keep the traceback for the report
+        import traceback
+
+        traceback.print_exc()
+        click.echo("tieaudit: internal error: this is a bug in tieaudit; please report it with the "
+                   "traceback above", err=True)
+        return EXIT_ERROR
+    return EXIT_CLEAN
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""Byte-level comparison of tensors, in bounded blocks, without materialising a whole tensor.
+
+Equality is byte equality (so +0.0 != -0.0 and NaN payloads must match): a tie is the same
+bits, and a tolerance would call a head one optimizer step away equal. Blocks are copied into
+two reusable buffers and compared with memcmp (bytearray ==), which runs at memory speed;
+pages of a memory-mapped storage are released after each block so resident memory stays
+bounded by the block size, not the tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import xxhash
+
+from tieaudit.dtypes import itemsize, to_numpy
+from tieaudit.model import Checkpoint, TensorInfo
+
+BLOCK_BYTES = 16 << 20
+SAMPLE_COUNT = 48
+
+
+def _is_contiguous(tensor: TensorInfo) -> bool:
+    expected = 1
+    for dim, stride in zip(reversed(tensor.shape), reversed(tensor.strides), strict=True):
+        if dim != 1 and stride != expected:
+            return False
+        expected *= dim
+    return True
+
+
+def _rows_per_block(tensor: TensorInfo) -> int:
+    row_bytes = max(1, tensor.nbytes // max(1, tensor.shape[0])) if tensor.shape else tensor.nbytes
+    return max(1, BLOCK_BYTES // max(1, row_bytes))
+
+
+def _as_rows(array: np.ndarray) -> np.ndarray:
+    """A view whose first axis is the one blocks are taken along (1-D and 0-D included)."""
+    return array.reshape(1) if array.ndim == 0 else array
+
+
+def iter_blocks(ckpt: Checkpoint, tensor: TensorInfo, rows: int) -> Iterator[tuple[int, np.ndarray]]:
+    """(first row, block) along axis 0; releases each block's pages once the caller moves on."""
+    array = _as_rows(ckpt.array(tensor))
+    storage = ckpt.storages[tensor.storage_id]
+    contiguous = _is_contiguous(tensor)
+    row_bytes = array[0:1].nbytes if len(array) else 0
+    for first in range(0, len(array), rows):
+        yield first, array[first : first + rows]
+        if contiguous:
+            start = tensor.byte_offset + first * row_bytes
+            ckpt.store.drop(storage, start, start + rows * row_bytes)
+    if not contiguous:
+        begin, end = tensor.byte_span()
+        ckpt.store.drop(storage, begin, end)
+
+
+class BlockComparer:
+    """Two reusable buffers; compares equally-sized blocks with memcmp."""
+
+    def __init__(self, block_bytes: int = BLOCK_BYTES) -> None:
+        self._left = bytearray(block_bytes)
+        self._right = bytearray(block_bytes)
+
+    def _fill(self, buffer: bytearray, block: np.ndarray) -> int:
+        target = np.frombuffer(buffer, dtype=block.dtype, count=block.size).reshape(block.shape)
+        np.copyto(target, block, casting="no")
+        return int(block.nbytes)
+
+    def same(self, left: np.ndarray, right: np.ndarray) -> bool:
+        """True when the two blocks hold the same bytes (same dtype and shape required)."""
+        if left.shape != right.shape or left.dtype.itemsize != right.dtype.itemsize:
+            return False
+        if left.nbytes > len(self._left):
+            self._left = bytearray(left.nbytes)
+            self._right = bytearray(left.nbytes)
+        count = self._fill(self._left, left)
+        self._fill(self._right, right.view(left.dtype) if right.dtype != left.dtype else right)
+        if count == len(self._left):
+            return self._left == self._right
+        return self._left[:count] == self._right[:count]
+
+
+def equal_bytes(ckpt: Checkpoint, first: TensorInfo, second: TensorInfo, comparer: BlockComparer) -> bool:
+    """Same shape, same dtype, same bytes."""
+    if first.shape != second.shape or first.dtype != second.dtype:
+        return False
+    rows = _rows_per_block(first)
+    pairs = zip(iter_blocks(ckpt, first, rows), iter_blocks(ckpt, second, rows), strict=True)
+    return all(comparer.same(a, b) for (_, a), (_, b) in pairs)
+
+
+def transposed_bytes(ckpt: Checkpoint, first: TensorInfo, second: TensorInfo, comparer: BlockComparer) -> bool:
+    """second == first.T bit for bit (2-D, same dtype), compared one block of first's rows at a time."""
+    if len(first.shape) != 2 or first.shape != second.shape[::-1] or first.dtype != second.dtype:
+        return False
+    other = ckpt.array(second)
+    for row, block in iter_blocks(ckpt, first, _rows_per_block(first)):
+        if not comparer.same(block, other[:, row : row + len(block)].T):
+            return False
+    begin, end = second.byte_span()
+    ckpt.store.drop(ckpt.storages[second.storage_id], begin, end)
+    return True
+
+
+def cast_bytes(ckpt: Checkpoint, wide: TensorInfo, narrow: TensorInfo, comparer: BlockComparer) -> bool:
+    """narrow == wide cast to narrow's dtype (round to nearest even, as torch's .to() does)."""
+    if wide.shape != narrow.shape or itemsize(wide.dtype) <= itemsize(narrow.dtype):
+        return False
+    target = to_numpy(narrow.dtype)
+    rows = _rows_per_block(wide)
+    pairs = zip(iter_blocks(ckpt, wide, rows), iter_blocks(ckpt, narrow, rows), strict=True)
+    return all(comparer.same(a.astype(target), b) for (_, a), (_, b) in pairs)
+
+
+def full_hash(ckpt: Checkpoint, tensor: TensorInfo) -> bytes:
+    """xxh3-128 of the tensor's bytes in row-major order."""
+    hasher = xxhash.xxh3_128()
+    for _, block in iter_blocks(ckpt, tensor, _rows_per_block(tensor)):
+        hasher.update(memoryview(np.ascontiguousarray(block)).cast("B"))
+    return hasher.digest()
+
+
+def sample_positions(shape: tuple[int, ...], count: int = SAMPLE_COUNT) -> tuple[np.ndarray, ...]:
+    """A fixed, spread-out set of multi-indices into shape (same shape -> same positions)."""
+    numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    flat = np.unique((np.arange(count, dtype=np.int64) * 2654435761 + 7) % max(1, numel))
+    return tuple(np.unravel_index(flat, shape)) if shape else ()
+
+
+def sample(ckpt: Checkpoint, tensor: TensorInfo, transposed: bool = False) -> np.ndarray:
+    """Sampled elements; with transposed, sampled at the positions of the transposed shape."""
+    array = ckpt.array(tensor)
+    if not tensor.shape:
+        return array.reshape(1).copy()
+    if transposed:
+        rows, cols = sample_positions(tensor.shape[::-1])
+        return array[cols, rows]
+    return array[sample_positions(tensor.shape)]
+
+
+def is_constant(ckpt: Checkpoint, tensor: TensorInfo) -> bool:
+    """Every element has the same bytes (LayerNorm ones, zero biases, zero-initialised LoRA B)."""
+    array = _as_rows(ckpt.array(tensor))
+    if array.size == 0:
+        return True
+    size = array.dtype.itemsize
+    first = np.ascontiguousarray(array[(slice(0, 1),) * array.ndim]).view(np.uint8).reshape(1, size)
+
+    def uniform(block: np.ndarray) -> bool:
+        return bool((np.ascontiguousarray(block).view(np.uint8).reshape(-1, size) == first).all())
+
+    return all(uniform(block) for _, block in iter_blocks(ckpt, tensor, _rows_per_block(tensor)))
+
+
+def difference(ckpt: Checkpoint, first: TensorInfo, second: TensorInfo) -> tuple[float, float]:
+    """(max absolute difference, fraction of elements whose bytes differ) of two same-shape tensors."""
+    rows = _rows_per_block(first)
+    worst = 0.0
+    differing = 0
+    for (_, left), (_, right) in zip(iter_blocks(ckpt, first, rows), iter_blocks(ckpt, second, rows), strict=True):
+        a = left.astype(np.float64)
+        b = right.astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            delta = np.abs(a - b)
+        if delta.size:
+            worst = max(worst, float(np.nanmax(delta)) if not np.isnan(delta).all() else worst)
+        same = np.ascontiguousarray(left).view(np.uint8).reshape(left.size, -1) == np.ascontiguousarray(
+            right
+        ).view(np.uint8).reshape(right.size, -1)
+        differing += int((~same.all(axis=1)).sum())
+    return worst, differing / max(1, first.numel)

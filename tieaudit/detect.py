@@ -1,0 +1,254 @@
+"""Find stored copies that should be one tensor: equal, transposed or cast.
+
+Staged so that cost follows the bytes of real copies, not the checkpoint size:
+bucket by element count -> sampled fingerprint (a few dozen elements) -> full xxh3-128 hash
+(only where more than two tensors still collide) -> exact byte comparison before reporting.
+Constant tensors and tensors under the size threshold are never candidates.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from tieaudit.compare import (
+    BlockComparer,
+    cast_bytes,
+    equal_bytes,
+    full_hash,
+    is_constant,
+    sample,
+    transposed_bytes,
+)
+from tieaudit.dtypes import FLOATS, itemsize, to_numpy
+from tieaudit.model import Checkpoint, TensorInfo
+
+CopyRelation = Literal["equal", "transposed", "cast"]
+ALL_RELATIONS: frozenset[str] = frozenset({"equal", "transposed", "cast"})
+DEFAULT_MIN_BYTES = 1024
+
+
+@dataclass(frozen=True)
+class CopyMember:
+    """A name whose bytes duplicate the group's kept tensor."""
+
+    name: str
+    """The duplicate, as stored."""
+    relation: CopyRelation
+    """equal (same bytes), transposed (== kept.T) or cast (== kept cast to this dtype)."""
+    transposed: bool
+    """The values are the kept tensor's transpose (also set for a transposed cast)."""
+    nbytes: int
+    """Bytes the duplicate occupies."""
+
+
+@dataclass(frozen=True)
+class CopyGroup:
+    """Tensors verified to hold one matrix's values in separate storages."""
+
+    kept: str
+    """The name whose bytes a repair keeps (widest dtype, then the input-embedding side)."""
+    members: tuple[CopyMember, ...]
+    """Every other name of the group, with its relation to kept."""
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """kept first, then the duplicates."""
+        return (self.kept, *(m.name for m in self.members))
+
+    @property
+    def wasted_bytes(self) -> int:
+        """Bytes a repair saves."""
+        return sum(m.nbytes for m in self.members)
+
+
+EMBEDDING_HINTS = ("embed_tokens", "wte", "word_embeddings", "shared", "tok_embeddings", "token_embd", "embed")
+
+
+def keep_rank(tensor: TensorInfo, order: int, lookup_names: frozenset[str]) -> tuple[int, int, int]:
+    """Sort key for the tensor a repair keeps: widest dtype (a cast cannot be undone), then a
+    lookup table (ONNX Gather input, or an embedding-like name), then stored order."""
+    embedding_like = tensor.name in lookup_names or any(h in tensor.name for h in EMBEDDING_HINTS)
+    return (-itemsize(tensor.dtype), 0 if embedding_like else 1, order)
+
+
+def _views(ckpt: Checkpoint, min_bytes: int) -> list[TensorInfo]:
+    """One tensor per distinct view, large enough to matter; aliases of one view are one candidate."""
+    seen: set[tuple[object, ...]] = set()
+    views = []
+    for tensor in ckpt.tensors:
+        key = (tensor.storage_id, tensor.byte_offset, tensor.shape, tensor.strides, tensor.dtype)
+        if tensor.nbytes >= min_bytes and tensor.numel > 1 and key not in seen:
+            seen.add(key)
+            views.append(tensor)
+    return views
+
+
+class _Search:
+    """The state of one copy search: union-find over verified relations, cached fingerprints."""
+
+    def __init__(self, ckpt: Checkpoint, relations: Iterable[str]) -> None:
+        self.ckpt = ckpt
+        self.relations = frozenset(relations)
+        self.comparer = BlockComparer()
+        self.constant: dict[str, bool] = {}
+        self.prints: dict[tuple[str, bool, str | None], bytes] = {}
+        self.parent: dict[str, str] = {}
+        self.edges: list[tuple[TensorInfo, TensorInfo, CopyRelation]] = []
+
+    def find(self, name: str) -> str:
+        root = self.parent.setdefault(name, name)
+        while root != self.parent[root]:
+            root = self.parent[root]
+        self.parent[name] = root
+        return root
+
+    def joined(self, first: TensorInfo, second: TensorInfo) -> bool:
+        return self.find(first.name) == self.find(second.name)
+
+    def record(self, original: TensorInfo, copy: TensorInfo, relation: CopyRelation) -> None:
+        self.parent[self.find(copy.name)] = self.find(original.name)
+        self.edges.append((original, copy, relation))
+
+    def fingerprint(self, tensor: TensorInfo, transposed: bool = False, as_dtype: str | None = None) -> bytes:
+        key = (tensor.name, transposed, as_dtype)
+        if key not in self.prints:
+            values = sample(self.ckpt, tensor, transposed)
+            if as_dtype is not None:
+                values = values.astype(to_numpy(as_dtype))
+            self.prints[key] = values.tobytes()
+        return self.prints[key]
+
+    def not_constant(self, tensor: TensorInfo) -> bool:
+        # A full scan only for a tensor whose samples look constant and that already collides.
+        values = self.fingerprint(tensor)
+        size = itemsize(tensor.dtype)
+        if values != values[:size] * (len(values) // size):
+            return True
+        if tensor.name not in self.constant:
+            self.constant[tensor.name] = is_constant(self.ckpt, tensor)
+        return not self.constant[tensor.name]
+
+    def equal(self, bucket: list[TensorInfo]) -> None:
+        groups: dict[tuple[object, ...], list[TensorInfo]] = defaultdict(list)
+        for tensor in bucket:
+            groups[(tensor.dtype, tensor.shape, self.fingerprint(tensor))].append(tensor)
+        for members in groups.values():
+            if len(members) < 2:
+                continue
+            members = [m for m in members if self.not_constant(m)]
+            classes = [members]
+            if len(members) > 2:  # hashing pays only when several tensors still collide
+                by_hash: dict[bytes, list[TensorInfo]] = defaultdict(list)
+                for member in members:
+                    by_hash[full_hash(self.ckpt, member)].append(member)
+                classes = list(by_hash.values())
+            for same in classes:
+                first, *others = same or [None]
+                for other in others:
+                    if first is not None and equal_bytes(self.ckpt, first, other, self.comparer):
+                        self.record(first, other, "equal")
+
+    def representatives(self, bucket: list[TensorInfo]) -> list[TensorInfo]:
+        seen: set[str] = set()
+        chosen = []
+        for tensor in bucket:
+            root = self.find(tensor.name)
+            if root not in seen:
+                seen.add(root)
+                chosen.append(tensor)
+        return chosen
+
+    def transposed(self, bucket: list[TensorInfo]) -> None:
+        matrices = [t for t in self.representatives(bucket) if len(t.shape) == 2]
+        by_print: dict[tuple[object, ...], list[TensorInfo]] = defaultdict(list)
+        for tensor in matrices:
+            by_print[(tensor.dtype, tensor.shape, self.fingerprint(tensor))].append(tensor)
+        for other in matrices:
+            key = (other.dtype, other.shape[::-1], self.fingerprint(other, transposed=True))
+            for original in by_print.get(key, []):
+                if original.storage_id == other.storage_id or self.joined(original, other):
+                    continue  # already one storage, or already known to be one group
+                if self.not_constant(original) and transposed_bytes(self.ckpt, original, other, self.comparer):
+                    self.record(original, other, "transposed")
+
+    def cast(self, bucket: list[TensorInfo]) -> None:
+        floats = [t for t in self.representatives(bucket) if t.dtype in FLOATS]
+        for wide in floats:
+            for narrow in floats:
+                if itemsize(wide.dtype) <= itemsize(narrow.dtype) or wide.shape != narrow.shape:
+                    continue
+                if wide.storage_id == narrow.storage_id or self.joined(wide, narrow):
+                    continue
+                if self.fingerprint(wide, as_dtype=narrow.dtype) != self.fingerprint(narrow):
+                    continue
+                if self.not_constant(narrow) and cast_bytes(self.ckpt, wide, narrow, self.comparer):
+                    self.record(wide, narrow, "cast")
+
+    def groups(self, lookup_names: frozenset[str]) -> list[CopyGroup]:
+        order = {t.name: i for i, t in enumerate(self.ckpt.tensors)}
+        adjacency: dict[str, list[tuple[TensorInfo, bool]]] = defaultdict(list)
+        tensors: dict[str, TensorInfo] = {}
+        for first, second, relation in self.edges:
+            flip = relation == "transposed"
+            adjacency[first.name].append((second, flip))
+            adjacency[second.name].append((first, flip))
+            tensors[first.name], tensors[second.name] = first, second
+        by_root: dict[str, list[TensorInfo]] = defaultdict(list)
+        for name, tensor in tensors.items():
+            by_root[self.find(name)].append(tensor)
+        result = []
+        for members in by_root.values():
+            kept = min(members, key=lambda t: keep_rank(t, order[t.name], lookup_names))
+            result.append(CopyGroup(kept.name, tuple(_relate_to(kept, adjacency, order))))
+        return sorted(result, key=lambda g: order[g.kept])
+
+
+def _relate_to(
+    kept: TensorInfo, adjacency: dict[str, list[tuple[TensorInfo, bool]]], order: dict[str, int]
+) -> list[CopyMember]:
+    """Each group member's relation to kept, composed along verified edges (breadth first)."""
+    orientation = {kept.name: False}
+    queue = [kept.name]
+    members = []
+    while queue:
+        current = queue.pop(0)
+        for neighbour, flip in adjacency[current]:
+            if neighbour.name in orientation:
+                continue
+            transposed = orientation[current] != flip
+            orientation[neighbour.name] = transposed
+            queue.append(neighbour.name)
+            relation: CopyRelation = (
+                "cast" if neighbour.dtype != kept.dtype else "transposed" if transposed else "equal"
+            )
+            members.append(CopyMember(neighbour.name, relation, transposed, neighbour.nbytes))
+    return sorted(members, key=lambda m: order[m.name])
+
+
+def find_copies(
+    ckpt: Checkpoint,
+    relations: Iterable[str] = ALL_RELATIONS,
+    min_bytes: int = DEFAULT_MIN_BYTES,
+    lookup_names: frozenset[str] = frozenset(),
+) -> list[CopyGroup]:
+    """Every group of verified copies among the checkpoint's tensors.
+
+    lookup_names: tensors used as lookup tables (ONNX Gather inputs), preferred as kept.
+    """
+    search = _Search(ckpt, relations)
+    buckets: dict[int, list[TensorInfo]] = defaultdict(list)
+    for tensor in _views(ckpt, min_bytes):
+        buckets[tensor.numel].append(tensor)
+    for bucket in buckets.values():
+        if len(bucket) < 2:
+            continue
+        if "equal" in search.relations:
+            search.equal(bucket)
+        if "transposed" in search.relations:
+            search.transposed(bucket)
+        if "cast" in search.relations:
+            search.cast(bucket)
+    return search.groups(lookup_names)

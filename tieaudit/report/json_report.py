@@ -1,0 +1,98 @@
+"""The JSON report (schema tieaudit.report/1, DESIGN.md): built from the records in one place."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tieaudit import __version__
+from tieaudit.audit import Audit
+from tieaudit.findings import Finding
+
+SCHEMA = "tieaudit.report/1"
+
+
+def _finding(finding: Finding) -> dict[str, Any]:
+    return {
+        "rule": finding.rule,
+        "kind": finding.kind,
+        "severity": finding.severity,
+        "names": list(finding.names),
+        "relation": finding.relation,
+        "wasted_bytes": finding.wasted_bytes,
+        "message": finding.message,
+        "fix": finding.fix,
+        **({"details": dict(finding.details)} if finding.details else {}),
+    }
+
+
+def report_dict(audit: Audit) -> dict[str, Any]:
+    """The report as plain data, field names per DESIGN.md."""
+    ckpt = audit.graph.checkpoint
+    report: dict[str, Any] = {
+        "schema": SCHEMA,
+        "tieaudit_version": __version__,
+        "path": ckpt.path,
+        "format": ckpt.format,
+        "tensors": [
+            {
+                "name": t.name,
+                "dtype": t.dtype,
+                "shape": list(t.shape),
+                "nbytes": t.nbytes,
+                "storage": t.storage_id,
+                "file": t.file,
+                "strides": list(t.strides),
+                "byte_offset": t.byte_offset,
+            }
+            for t in ckpt.tensors
+        ],
+        "alias_groups": [
+            {
+                "storage": g.storage_id,
+                "names": list(g.names),
+                "relation": g.relation,
+                "nbytes": g.nbytes,
+                "pairs": [[p.first, p.second, p.relation] for p in g.pairs],
+            }
+            for g in audit.graph.groups
+        ],
+        "declared_ties": [
+            {
+                "target": s.tie.target,
+                "source": s.tie.source,
+                "declared_by": s.tie.declared_by,
+                "where": s.tie.where,
+                "target_stored": s.target_stored,
+                "source_stored": s.source_stored,
+                "shared_storage": s.shared_storage,
+            }
+            for s in audit.graph.ties
+        ],
+        "findings": [_finding(f) for f in audit.findings],
+        "summary": audit.summary(),
+    }
+    if ckpt.skipped:
+        report["skipped"] = [{"name": s.name, "reason": s.reason} for s in ckpt.skipped]
+    if ckpt.config is not None:
+        config = ckpt.config
+        report["config"] = {
+            "file": config.file,
+            "architectures": list(config.architectures),
+            "tie_word_embeddings": config.tie_word_embeddings,
+            "vocab_size": config.vocab_size,
+            "tokenizer_vocab_size": config.tokenizer_vocab_size,
+        }
+    if ckpt.consumers:
+        report["consumers"] = {
+            name: [{"node": c.node, "op_type": c.op_type, "slot": c.slot, "graph": c.graph} for c in uses]
+            for name, uses in ckpt.consumers.items()
+        }
+    if ckpt.aliases:
+        report["aliases"] = dict(ckpt.aliases)
+    return report
+
+
+def render_json(audit: Audit) -> str:
+    """The report as indented JSON text."""
+    return json.dumps(report_dict(audit), indent=2) + "\n"

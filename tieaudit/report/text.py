@@ -1,0 +1,137 @@
+"""The human report: rich tables of tie groups, declared ties, findings and tensors."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from tieaudit.audit import Audit
+from tieaudit.check import CheckResult
+from tieaudit.findings import Severity
+from tieaudit.graph import TieState
+from tieaudit.units import human_bytes
+
+MAX_TENSOR_ROWS = 30
+_SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "note": "cyan"}
+
+
+def _tie_status(state: TieState) -> str:
+    if state.shared_storage:
+        return "tied on disk (one storage)"
+    if state.target_stored and state.source_stored:
+        return "both stored separately"
+    if state.source_stored:
+        return "target not stored (loader must re-tie)"
+    if state.target_stored:
+        return "only target stored"
+    return "neither stored"
+
+
+def _groups_table(audit: Audit) -> Table:
+    table = Table(title="Tie groups (names sharing one storage)", title_justify="left")
+    for column in ("storage", "names", "relation", "size"):
+        table.add_column(column, justify="right" if column == "size" else "left")
+    for group in audit.graph.groups:
+        table.add_row(group.storage_id, "\n".join(group.names), group.relation, human_bytes(group.nbytes))
+    return table
+
+
+def _ties_table(audit: Audit) -> Table:
+    table = Table(title="Declared ties", title_justify="left")
+    for column in ("target", "source", "declared by", "status"):
+        table.add_column(column)
+    for state in audit.graph.ties:
+        table.add_row(state.tie.target, state.tie.source, state.tie.where, _tie_status(state))
+    return table
+
+
+def _findings_table(audit: Audit) -> Table:
+    table = Table(title="Findings", title_justify="left")
+    for column in ("rule", "severity", "names", "wasted", "message"):
+        table.add_column(column, justify="right" if column == "wasted" else "left")
+    for finding in audit.findings:
+        table.add_row(
+            f"{finding.rule} {finding.kind}",
+            Text(finding.severity, style=_SEVERITY_STYLE[finding.severity]),
+            "\n".join(finding.names),
+            human_bytes(finding.wasted_bytes) if finding.wasted_bytes else "",
+            finding.message + (f"\nfix: {finding.fix}" if finding.fix else ""),
+        )
+    return table
+
+
+def _tensors_table(audit: Audit) -> tuple[Table, int]:
+    ckpt = audit.graph.checkpoint
+    shared = {name for group in audit.graph.groups for name in group.names}
+    tensors = sorted(ckpt.tensors, key=lambda t: -t.nbytes)
+    shown = tensors if len(tensors) <= MAX_TENSOR_ROWS else tensors[:MAX_TENSOR_ROWS]
+    table = Table(title="Tensors (largest first)", title_justify="left")
+    for column in ("name", "dtype", "shape", "size", "storage"):
+        table.add_column(column, justify="right" if column == "size" else "left")
+    for tensor in shown:
+        storage = tensor.storage_id + (" (shared)" if tensor.name in shared else "")
+        table.add_row(tensor.name, tensor.dtype, "x".join(map(str, tensor.shape)) or "scalar",
+                      human_bytes(tensor.nbytes), storage)
+    return table, len(tensors) - len(shown)
+
+
+def render_text(audit: Audit, color: bool = False, width: int = 120) -> str:
+    """The report as text for a terminal (color) or a file (plain)."""
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=color, no_color=not color, width=width)
+    ckpt = audit.graph.checkpoint
+    summary = audit.summary()
+    console.print(
+        f"[bold]{ckpt.path}[/bold]  format {ckpt.format}  {summary['tensors']} tensors in "
+        f"{summary['storages']} storages, {human_bytes(summary['bytes'])} stored"
+        + (f", {human_bytes(summary['wasted_bytes'])} wasted" if summary["wasted_bytes"] else ""),
+        highlight=False,
+    )
+    if audit.graph.groups:
+        console.print(_groups_table(audit))
+    else:
+        console.print("No names share a storage.")
+    if audit.graph.ties:
+        console.print(_ties_table(audit))
+    if audit.findings:
+        console.print(_findings_table(audit))
+    else:
+        console.print("No findings.")
+    table, hidden = _tensors_table(audit)
+    console.print(table)
+    if hidden:
+        console.print(f"{hidden} smaller tensors not shown; --format json lists every tensor.")
+    if ckpt.skipped:
+        console.print(f"{len(ckpt.skipped)} non-tensor entries skipped (--format json lists them).")
+    return buffer.getvalue()
+
+
+def render_check_text(result: CheckResult, fail_on: Severity, color: bool = False, width: int = 120) -> str:
+    """One block per path: a status line, then its findings; errors last."""
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=color, no_color=not color, width=width)
+    for audit in result.audits:
+        summary = audit.summary()
+        failing = audit.failing(fail_on)
+        status = Text("FAIL", style="bold red") if failing else Text("ok", style="green")
+        console.print(
+            status, Text(f" {audit.graph.checkpoint.path}  ({audit.graph.checkpoint.format}, "
+                         f"{summary['tensors']} tensors, {human_bytes(summary['bytes'])}"
+                         + (f", {human_bytes(summary['wasted_bytes'])} wasted" if summary["wasted_bytes"] else "")
+                         + ")"),
+        )
+        for finding in audit.findings:
+            console.print(
+                Text(f"  {finding.rule} ", style="bold"),
+                Text(finding.severity, style=_SEVERITY_STYLE[finding.severity]),
+                Text(f" {finding.message}"),
+                highlight=False,
+            )
+            if finding.fix:
+                console.print(Text(f"      fix: {finding.fix}", style="dim"), highlight=False)
+    for error in result.errors:
+        console.print(Text("ERROR", style="bold red"), Text(f" {error.path}: {error.message}"), highlight=False)
+    return buffer.getvalue()

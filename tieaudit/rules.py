@@ -1,0 +1,221 @@
+"""Rules: turn the alias graph, the verified copies and the declared ties into Findings."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+from tieaudit.compare import BlockComparer, difference, equal_bytes
+from tieaudit.detect import CopyGroup, find_copies
+from tieaudit.findings import RULES, Finding
+from tieaudit.graph import AliasGraph, TieState
+from tieaudit.model import Checkpoint, TensorInfo
+from tieaudit.policy import Policy
+from tieaudit.units import human_bytes
+
+OUTPUT_BIAS_SUFFIXES = ("lm_head.bias", "final_logits_bias", "predictions.bias")
+EMBEDDING_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "shared.weight",
+                      "tok_embeddings.weight", "token_embd.weight")
+OUTPUT_SUFFIXES = ("lm_head.weight", "predictions.decoder.weight", "output.weight")
+
+
+def _fix(path: str, relation: str) -> str:
+    trimmed = path.rstrip("/") or path
+    stem, ext = os.path.splitext(os.path.basename(trimmed))
+    out = os.path.join(os.path.dirname(trimmed), f"{stem}-retied{ext}")
+    extra = f" --relations equal,{relation}" if relation in ("transposed", "cast") else ""
+    return f"tieaudit retie {path} {out}{extra}"
+
+
+def copy_findings(ckpt: Checkpoint, groups: list[CopyGroup], declared: set[frozenset[str]]) -> Iterator[Finding]:
+    """TIE001: one finding per copy group and relation."""
+    for group in groups:
+        for relation in ("equal", "transposed", "cast"):
+            members = [m for m in group.members if m.relation == relation]
+            if not members:
+                continue
+            names = (group.kept, *(m.name for m in members))
+            wasted = sum(m.nbytes for m in members)
+            copies = ", ".join(m.name for m in members)
+            what = {"equal": "the same bytes as", "transposed": "the transpose of",
+                    "cast": "a lower-precision cast of"}[relation]
+            tied_note = (" The config declares them tied, but they are stored as two tensors."
+                         if any(frozenset((group.kept, m.name)) in declared for m in members) else "")
+            yield Finding(
+                "TIE001", "warning", names,
+                f"{copies} holds {what} {group.kept} in separate storage ({human_bytes(wasted)} wasted): "
+                f"values that are equal are not a tie; each copy trains and loads as its own parameter."
+                + tied_note,
+                relation=relation, wasted_bytes=wasted, fix=_fix(ckpt.path, relation),
+            )
+
+
+def _tie_where(state: TieState) -> str:
+    return f"{state.tie.where} ties {state.tie.target} to {state.tie.source}"
+
+
+def declared_findings(graph: AliasGraph, grouped: set[frozenset[str]]) -> Iterator[Finding]:
+    """TIE002 (stored separately, values differ), TIE003 (only the target stored), and TIE001 for a
+    declared pair stored as an equal copy that the size threshold kept out of the search."""
+    ckpt = graph.checkpoint
+    comparer = BlockComparer()
+    seen: set[tuple[str, str]] = set()
+    for state in graph.ties:
+        pair = (state.tie.target, state.tie.source)
+        if pair in seen:
+            continue
+        seen.add(pair)
+        if state.target_stored and not state.source_stored:
+            yield Finding(
+                "TIE003", "error", (state.tie.target, state.tie.source),
+                f"{_tie_where(state)}, but only {state.tie.target} is stored. Loaders disagree on this "
+                f"layout: transformers 4.57 leaves both on the meta device, 5.x swaps source and target.",
+                fix=f"store the matrix under {state.tie.source} (and drop {state.tie.target})",
+            )
+            continue
+        if not (state.target_stored and state.source_stored) or state.shared_storage:
+            continue
+        if frozenset(pair) in grouped:
+            continue  # reported as TIE001 already
+        target, source = ckpt.tensor(state.tie.target), ckpt.tensor(state.tie.source)
+        yield from _compare_declared(ckpt, state, target, source, comparer)
+
+
+def _compare_declared(
+    ckpt: Checkpoint, state: TieState, target: TensorInfo, source: TensorInfo, comparer: BlockComparer
+) -> Iterator[Finding]:
+    names = (target.name, source.name)
+    if target.shape != source.shape or target.dtype != source.dtype:
+        yield Finding(
+            "TIE002", "error", names,
+            f"{_tie_where(state)}, but they differ in shape or dtype "
+            f"({target.dtype}{list(target.shape)} vs {source.dtype}{list(source.shape)}).",
+            details={"target_shape": list(target.shape), "source_shape": list(source.shape)},
+        )
+        return
+    if equal_bytes(ckpt, source, target, comparer):
+        yield Finding(
+            "TIE001", "warning", (source.name, target.name),
+            f"{_tie_where(state)}; both are stored with equal bytes in separate storage "
+            f"({human_bytes(target.nbytes)} wasted).",
+            relation="equal", wasted_bytes=target.nbytes, fix=_fix(ckpt.path, "equal"),
+        )
+        return
+    max_abs, fraction = difference(ckpt, target, source)
+    yield Finding(
+        "TIE002", "error", names,
+        f"{_tie_where(state)}, but both are stored and their values differ (max abs difference "
+        f"{max_abs:.3g}, {fraction:.1%} of elements)."
+        + (f" transformers 4.57 silently re-ties and discards the stored {target.name}; 5.x keeps both untied."
+           if state.tie.declared_by == "config" else ""),
+        fix=f"decide which matrix is right: untie in the config, or store only {source.name}",
+        details={"max_abs_diff": max_abs, "differing_fraction": fraction},
+    )
+
+
+def _first(ckpt: Checkpoint, suffixes: tuple[str, ...], ndim: int) -> TensorInfo | None:
+    for tensor in ckpt.tensors:
+        if len(tensor.shape) == ndim and tensor.name.endswith(suffixes):
+            return tensor
+    return None
+
+
+def vocab_findings(graph: AliasGraph) -> Iterator[Finding]:
+    """TIE004: rows of the embedding and the output projection, output bias, vocab sizes agree."""
+    ckpt = graph.checkpoint
+    sizes: dict[str, int] = {}
+    names: list[str] = []
+    sources = [ckpt.tensor(s.tie.source) for s in graph.ties if s.source_stored]
+    targets = [ckpt.tensor(s.tie.target) for s in graph.ties if s.target_stored]
+    embedding = next((t for t in sources if len(t.shape) == 2), None) or _first(ckpt, EMBEDDING_SUFFIXES, 2)
+    output = next((t for t in targets if len(t.shape) == 2), None) or _first(ckpt, OUTPUT_SUFFIXES, 2)
+    bias = _first(ckpt, OUTPUT_BIAS_SUFFIXES, 1) or _first(ckpt, ("final_logits_bias",), 2)
+    for label, tensor, size in (
+        ("embedding rows", embedding, embedding.shape[0] if embedding else 0),
+        ("output rows", output, output.shape[0] if output else 0),
+        ("output bias length", bias, bias.shape[-1] if bias else 0),
+    ):
+        if tensor is not None:
+            sizes[f"{label} ({tensor.name})"] = size
+            names.append(tensor.name)
+    config = ckpt.config
+    if config is not None and config.vocab_size is not None:
+        sizes[f"config vocab_size ({config.file})"] = config.vocab_size
+    if len(set(sizes.values())) > 1:
+        listing = ", ".join(f"{k} = {v}" for k, v in sizes.items())
+        yield Finding("TIE004", "error", tuple(names), f"vocabulary sizes disagree: {listing}.",
+                      details={"sizes": sizes})
+    rows = embedding.shape[0] if embedding else (config.vocab_size if config else None)
+    if config is not None and config.tokenizer_vocab_size is not None and rows is not None:
+        if config.tokenizer_vocab_size > rows:
+            yield Finding(
+                "TIE004", "error", tuple(names),
+                f"the tokenizer has {config.tokenizer_vocab_size} tokens but the embedding has {rows} rows: "
+                f"ids past {rows - 1} index out of range.",
+                details={"tokenizer_vocab_size": config.tokenizer_vocab_size, "rows": rows},
+            )
+
+
+def overlap_findings(graph: AliasGraph) -> Iterator[Finding]:
+    """TIE006: views of one storage that overlap without being identical or transposed."""
+    for group in graph.groups:
+        pairs = [p for p in group.pairs if p.relation == "overlapping"]
+        if pairs:
+            names = tuple(dict.fromkeys(n for p in pairs for n in (p.first, p.second)))
+            yield Finding(
+                "TIE006", "warning", names,
+                f"{', '.join(names)} share storage {group.storage_id} with partially overlapping views: "
+                f"writing one silently changes part of the other.",
+            )
+
+
+def _missing_because(tie_target: str, tie_source: str, target: str | None, source: str | None) -> str:
+    if target is not None and source is not None:
+        return "both are stored in separate storage"
+    if source is None:
+        return f"{tie_source} is not stored"
+    return f"{tie_target} is not stored and nothing in the files declares it tied"
+
+
+def expected_findings(graph: AliasGraph, policy: Policy) -> Iterator[Finding]:
+    """TIE008: a tie the policy requires is neither one storage nor a declared, loader-restored tie."""
+    ckpt = graph.checkpoint
+    storage_of = {t.name: t.storage_id for t in ckpt.tensors}
+    restored = {(s.tie.target, s.tie.source) for s in graph.ties
+                if s.tie.declared_by != "policy" and s.source_stored and not s.target_stored}
+    for tie in policy.expected_ties:
+        target, source = storage_of.get(tie.target), storage_of.get(tie.source)
+        if (target is not None and target == source) or (tie.target, tie.source) in restored:
+            continue
+        yield Finding(
+            "TIE008", "error", (tie.target, tie.source),
+            f"the policy ({tie.where}) requires {tie.target} tied to {tie.source}, but "
+            f"{_missing_because(tie.target, tie.source, target, source)}.",
+            fix=f"tieaudit retie {ckpt.path} OUT" if target and source else None,
+        )
+
+
+def evaluate(graph: AliasGraph, policy: Policy) -> tuple[Finding, ...]:
+    """Every finding of every rule, with policy severities and ignores applied, most severe first."""
+    ckpt = graph.checkpoint
+    lookup = frozenset(name for name, uses in ckpt.consumers.items()
+                       if any(u.op_type == "Gather" and u.slot == 0 for u in uses))
+    groups = find_copies(ckpt, policy.relations, policy.min_bytes, lookup)
+    grouped = {frozenset((g.kept, m.name)) for g in groups for m in g.members}
+    declared = {frozenset((s.tie.target, s.tie.source)) for s in graph.ties}
+    found = [
+        *copy_findings(ckpt, groups, declared),
+        *declared_findings(graph, grouped),
+        *vocab_findings(graph),
+        *overlap_findings(graph),
+        *expected_findings(graph, policy),
+    ]
+    result = []
+    for finding in found:
+        if finding.rule in policy.ignore:
+            continue
+        severity = policy.severity.get(finding.rule, RULES[finding.rule].severity)
+        result.append(Finding(finding.rule, severity, finding.names, finding.message, finding.relation,
+                              finding.wasted_bytes, finding.fix, finding.details))
+    rank = {"error": 0, "warning": 1, "note": 2}
+    return tuple(sorted(result, key=lambda f: (rank[f.severity], f.rule)))
