@@ -1,0 +1,37 @@
+# Every target creates .venv when it is missing, so each works alone on a fresh clone.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+# torch is pinned before the project: 2.13.0 is the local CPU wheel; a range would pull a CUDA build.
+TORCH := torch==2.13.0
+
+.PHONY: install demo test lint fixtures bench fuzz clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e '.[torch,runtime,transformers,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+fixtures: $(STAMP)
+	$(PY) fixtures/generate.py fixtures/generated
+
+demo: $(STAMP)
+	$(PY) scripts/demo.py demo
+
+test: $(STAMP) fixtures
+	$(PY) -m pytest -q -p no:cacheprovider
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check tieaudit tests fixtures bench scripts
+	$(VENV)/bin/mypy --strict tieaudit
+
+bench: $(STAMP)
+	$(PY) bench/detect.py
+
+clean:
+	rm -rf demo fixtures/generated bench/out .pytest_cache .mypy_cache .ruff_cache
