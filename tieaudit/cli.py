@@ -181,9 +181,15 @@ def check(
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point."""
     try:
-        cli.main(args=argv, prog_name="tieaudit", standalone_mode=False)
+        # standalone_mode=False: click returns an Exit's code instead of calling sys.exit.
+        code = cli.main(args=argv, prog_name="tieaudit", standalone_mode=False)
+        return code if isinstance(code, int) else EXIT_CLEAN
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
+    except click.UsageError as exc:
+        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+        click.echo(f"tieaudit: error: {exc.format_message()}{hint}", err=True)
+        return EXIT_ERROR
     except click.ClickException as exc:
         exc.show()
         return EXIT_ERROR if exc.exit_code == 1 else exc.exit_code  # click's UsageError is 2 already
@@ -197,7 +203,6 @@ def main(argv: list[str] | None = None) -> int:
         click.echo("tieaudit: internal error: this is a bug in tieaudit; please report it with the "
                    "traceback above", err=True)
         return EXIT_ERROR
-    return EXIT_CLEAN
 
 
 if __name__ == "__main__":

@@ -118,7 +118,7 @@ def full_hash(ckpt: Checkpoint, tensor: TensorInfo) -> bytes:
     """xxh3-128 of the tensor's bytes in row-major order."""
     hasher = xxhash.xxh3_128()
     for _, block in iter_blocks(ckpt, tensor, _rows_per_block(tensor)):
-        hasher.update(memoryview(np.ascontiguousarray(block)).cast("B"))
+        hasher.update(np.ascontiguousarray(block).view(np.uint8).data)
     return hasher.digest()
 
 
@@ -136,8 +136,10 @@ def sample(ckpt: Checkpoint, tensor: TensorInfo, transposed: bool = False) -> np
         return array.reshape(1).copy()
     if transposed:
         rows, cols = sample_positions(tensor.shape[::-1])
-        return array[cols, rows]
-    return array[sample_positions(tensor.shape)]
+        picked: np.ndarray = array[cols, rows]
+    else:
+        picked = array[sample_positions(tensor.shape)]
+    return picked
 
 
 def is_constant(ckpt: Checkpoint, tensor: TensorInfo) -> bool:

@@ -146,10 +146,9 @@ class _Search:
                     by_hash[full_hash(self.ckpt, member)].append(member)
                 classes = list(by_hash.values())
             for same in classes:
-                first, *others = same or [None]
-                for other in others:
-                    if first is not None and equal_bytes(self.ckpt, first, other, self.comparer):
-                        self.record(first, other, "equal")
+                for other in same[1:]:
+                    if equal_bytes(self.ckpt, same[0], other, self.comparer):
+                        self.record(same[0], other, "equal")
 
     def representatives(self, bucket: list[TensorInfo]) -> list[TensorInfo]:
         seen: set[str] = set()

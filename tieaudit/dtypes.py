@@ -65,7 +65,8 @@ def to_numpy(dtype: str) -> np.dtype[np.generic]:
     if dtype in _ML_DTYPES:
         import ml_dtypes
 
-        return np.dtype(getattr(ml_dtypes, dtype))
+        extended: np.dtype[np.generic] = np.dtype(getattr(ml_dtypes, dtype))
+        return extended
     return np.dtype(dtype)
 
 

@@ -122,16 +122,18 @@ def render_check_text(result: CheckResult, fail_on: Severity, color: bool = Fals
                          f"{summary['tensors']} tensors, {human_bytes(summary['bytes'])}"
                          + (f", {human_bytes(summary['wasted_bytes'])} wasted" if summary["wasted_bytes"] else "")
                          + ")"),
+            soft_wrap=True,
         )
         for finding in audit.findings:
             console.print(
                 Text(f"  {finding.rule} ", style="bold"),
                 Text(finding.severity, style=_SEVERITY_STYLE[finding.severity]),
                 Text(f" {finding.message}"),
-                highlight=False,
+                highlight=False, soft_wrap=True,
             )
             if finding.fix:
-                console.print(Text(f"      fix: {finding.fix}", style="dim"), highlight=False)
+                console.print(Text(f"      fix: {finding.fix}", style="dim"), highlight=False, soft_wrap=True)
     for error in result.errors:
-        console.print(Text("ERROR", style="bold red"), Text(f" {error.path}: {error.message}"), highlight=False)
+        console.print(Text("ERROR", style="bold red"), Text(f" {error.path}: {error.message}"),
+                      highlight=False, soft_wrap=True)
     return buffer.getvalue()

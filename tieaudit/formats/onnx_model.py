@@ -1,0 +1,331 @@
+"""ONNX models: initializers and Constant values as tensors, plus who consumes them.
+
+Tensors come from the main graph and every subgraph (If/Loop/Scan attributes, recursively).
+Embedded bytes are held in memory; external data is located by tieaudit itself (see
+``onnx_external``), never by onnx's loader, so a hostile location cannot make us read outside
+the model's folder. The consumer map records every node input slot that reads a tensor,
+resolving names the way ONNX scoping does (a subgraph sees its outer graphs' values) and
+seeing through Identity nodes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import ChainMap
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from tieaudit.bytestore import ByteStore
+from tieaudit.dtypes import itemsize
+from tieaudit.errors import InputError
+from tieaudit.formats.interface import Reader
+from tieaudit.formats.onnx_external import confine, parse_entries
+from tieaudit.model import Checkpoint, Consumer, Skipped, StorageInfo, TensorInfo
+
+if TYPE_CHECKING:
+    from onnx import GraphProto, ModelProto, NodeProto, TensorProto
+
+ONNX_DTYPES: dict[str, str] = {
+    "FLOAT": "float32",
+    "FLOAT16": "float16",
+    "BFLOAT16": "bfloat16",
+    "DOUBLE": "float64",
+    "FLOAT8E4M3FN": "float8_e4m3fn",
+    "FLOAT8E4M3FNUZ": "float8_e4m3fnuz",
+    "FLOAT8E5M2": "float8_e5m2",
+    "FLOAT8E5M2FNUZ": "float8_e5m2fnuz",
+    "COMPLEX64": "complex64",
+    "COMPLEX128": "complex128",
+    "INT64": "int64",
+    "INT32": "int32",
+    "INT16": "int16",
+    "INT8": "int8",
+    "UINT64": "uint64",
+    "UINT32": "uint32",
+    "UINT16": "uint16",
+    "UINT8": "uint8",
+    "BOOL": "bool",
+}
+"""TensorProto.DataType names -> canonical dtypes; others (strings, 4-bit, ...) are skipped."""
+
+_MODEL_FIELDS: dict[int, int] = {1: 0, 2: 2, 3: 2, 4: 2, 5: 0, 6: 2, 7: 2, 8: 2, 14: 2, 20: 2, 25: 2, 26: 2}
+"""ModelProto field number -> protobuf wire type (0 varint, 2 length-delimited)."""
+
+_ONNX_DOMAINS = ("", "ai.onnx")
+
+Scope = ChainMap[str, "str | None"]
+"""Value name -> tensor name it refers to (None: a value that is not a stored tensor).
+
+One map per graph, chained to the enclosing graphs' maps: a subgraph sees outer values.
+"""
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int] | None:
+    value = shift = 0
+    while pos < len(data) and shift < 64:
+        byte = data[pos]
+        value |= (byte & 0x7F) << shift
+        pos += 1
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+    return None
+
+
+def looks_like_model_proto(head: bytes) -> bool:
+    """True when head starts with ``ir_version`` and every field it holds is a ModelProto field."""
+    if head[:1] != b"\x08":
+        return False
+    pos = 0
+    while pos < len(head):
+        tag = _varint(head, pos)
+        if tag is None:
+            return pos > 0  # the head ends inside a tag
+        field_number, wire_type = tag[0] >> 3, tag[0] & 7
+        if _MODEL_FIELDS.get(field_number) != wire_type:
+            return False
+        value = _varint(head, tag[1])
+        if value is None:
+            return pos > 0
+        if field_number == 1 and not 1 <= value[0] < 1000:
+            return False  # ir_version is a small positive number
+        pos = value[1] + (value[0] if wire_type == 2 else 0)
+    return True
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides: list[int] = []
+    step = 1
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= dim
+    return tuple(reversed(strides))
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def load_model(path: str) -> ModelProto:
+    """The ModelProto at path, without external data; parse failures become InputError."""
+    import onnx
+    from google.protobuf.message import DecodeError  # type: ignore[import-untyped,unused-ignore]
+
+    try:
+        model = onnx.load(path, format="protobuf", load_external_data=False)
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror or exc}", path) from exc
+    except (DecodeError, ValueError, RuntimeError, TypeError) as exc:
+        raise InputError(f"not a valid ONNX protobuf: {_one_line(exc)}", path) from exc
+    if not model.HasField("graph"):
+        raise InputError("not a valid ONNX protobuf: the model has no graph", path)
+    return model
+
+
+def _subgraphs(node: NodeProto, node_path: str) -> Iterator[tuple[str, GraphProto]]:
+    for attr in node.attribute:
+        if attr.HasField("g"):
+            yield f"{node_path}/{attr.name}", attr.g
+        for index, graph in enumerate(attr.graphs):
+            yield f"{node_path}/{attr.name}[{index}]", graph
+
+
+def _is_op(node: NodeProto, op_type: str) -> bool:
+    return node.op_type == op_type and node.domain in _ONNX_DOMAINS
+
+
+class _Collector:
+    """Walks a model's graphs, gathering tensors, storages and consumers."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.model_dir = os.path.dirname(os.path.abspath(path))
+        self.model_file = os.path.basename(path)
+        self.store = ByteStore(self.model_dir)
+        self.tensors: list[TensorInfo] = []
+        self.storages: dict[str, StorageInfo] = {}
+        self.consumers: dict[str, list[Consumer]] = {}
+        self.aliases: dict[str, str] = {}
+        self.skipped: list[Skipped] = []
+        self.files: list[str] = [self.model_file]
+        self.taken: set[str] = set()
+        self.ranges: dict[tuple[str, int, int], str] = {}
+
+    def _unique_name(self, value_name: str, graph_path: str) -> str:
+        # A subgraph value named like an outer one keeps its name behind its graph's path.
+        name = value_name if value_name not in self.taken else f"{graph_path or 'main'}/{value_name}"
+        base, count = name, 2
+        while name in self.taken:
+            name, count = f"{base}#{count}", count + 1
+        self.taken.add(name)
+        return name
+
+    def add_tensor(self, proto: TensorProto, value_name: str, graph_path: str) -> str | None:
+        """Record one TensorProto; returns its tensor name, or None when it is skipped."""
+        import onnx
+
+        name = self._unique_name(value_name, graph_path)
+        try:
+            type_name = onnx.TensorProto.DataType.Name(proto.data_type)
+        except ValueError:
+            type_name = f"#{proto.data_type}"
+        dtype = ONNX_DTYPES.get(type_name)
+        if dtype is None:
+            self.skipped.append(Skipped(name, f"ONNX data type {type_name} is not supported"))
+            return None
+        if proto.HasField("segment"):
+            self.skipped.append(Skipped(name, "segmented tensor (a part of a larger tensor)"))
+            return None
+        shape = tuple(proto.dims)
+        if any(dim < 0 for dim in shape):
+            raise InputError(f"tensor {name!r} has a negative dimension {list(shape)}", self.path)
+        numel = 1
+        for dim in shape:
+            numel *= dim
+        if proto.data_location == onnx.TensorProto.EXTERNAL:
+            storage = self._external(proto, name, dtype, numel * itemsize(dtype))
+        else:
+            storage = self._embedded(proto, name, dtype, numel)
+        self.tensors.append(
+            TensorInfo(name, dtype, shape, _contiguous_strides(shape), storage.storage_id, 0, storage.file)
+        )
+        self.consumers[name] = []
+        return name
+
+    def _embedded(self, proto: TensorProto, name: str, dtype: str, numel: int) -> StorageInfo:
+        expected = numel * itemsize(dtype)
+        if proto.HasField("raw_data"):
+            data = proto.raw_data
+        else:
+            data = self._typed_field_bytes(proto, name, dtype, numel)
+        if len(data) != expected:
+            raise InputError(
+                f"tensor {name!r}: shape {list(proto.dims)} of {dtype} needs {expected} bytes, "
+                f"the protobuf holds {len(data)}",
+                self.path,
+            )
+        self.store.hold(name, data)
+        storage = StorageInfo(name, self.model_file, -1, expected, dtype)
+        self.storages[name] = storage
+        return storage
+
+    def _typed_field_bytes(self, proto: TensorProto, name: str, dtype: str, numel: int) -> bytes:
+        from onnx import numpy_helper
+
+        try:
+            array = numpy_helper.to_array(proto)
+        except (ValueError, TypeError) as exc:
+            raise InputError(f"tensor {name!r}: cannot decode values: {_one_line(exc)}", self.path) from exc
+        if array.size != numel or array.dtype.itemsize != itemsize(dtype):
+            raise InputError(
+                f"tensor {name!r}: holds {array.size} values of {array.dtype.itemsize} bytes, "
+                f"its shape and dtype need {numel} of {itemsize(dtype)}",
+                self.path,
+            )
+        return array.tobytes()
+
+    def _external(self, proto: TensorProto, name: str, dtype: str, expected: int) -> StorageInfo:
+        entries = ((entry.key, entry.value) for entry in proto.external_data)
+        location, offset, length = parse_entries(name, entries, expected, self.path)
+        extent = confine(name, location, offset, length, self.model_dir, self.path)
+        # Two initializers naming the very same bytes are one storage; an empty range aliases nothing.
+        key = (extent.file, extent.offset, extent.length)
+        storage_id = self.ranges.setdefault(key, name) if extent.length else name
+        if storage_id == name:
+            self.storages[name] = StorageInfo(name, extent.file, extent.offset, extent.length, dtype)
+            if extent.file not in self.files:
+                self.files.append(extent.file)
+        return self.storages[storage_id]
+
+    def _constant(self, node: NodeProto, graph_path: str) -> str | None:
+        output = node.output[0]
+        for attr in node.attribute:
+            if attr.name == "value" and attr.HasField("t"):
+                return self.add_tensor(attr.t, output, graph_path)
+        kinds = ", ".join(attr.name for attr in node.attribute) or "no"
+        self.skipped.append(Skipped(output, f"Constant with {kinds} attribute, not a tensor value"))
+        return None
+
+    def _define_values(self, graph: GraphProto, graph_path: str, scope: Scope) -> None:
+        own_initializers = {init.name for init in graph.initializer}
+        for value in graph.input:
+            # Before IR 4 initializers were also listed as inputs; those are not shadows.
+            if value.name not in own_initializers:
+                scope[value.name] = None
+        seen: set[str] = set()
+        for init in graph.initializer:
+            if init.name in seen:
+                where = graph_path or "main"
+                raise InputError(f"initializer {init.name!r} appears twice in graph {where}", self.path)
+            seen.add(init.name)
+            scope[init.name] = self.add_tensor(init, init.name, graph_path)
+        for sparse in graph.sparse_initializer:
+            self.skipped.append(Skipped(sparse.values.name, "sparse initializer"))
+            scope[sparse.values.name] = None
+        for node in graph.node:
+            for output in node.output:
+                scope[output] = None
+            if _is_op(node, "Constant") and node.output:
+                scope[node.output[0]] = self._constant(node, graph_path)
+
+    def _resolve_identities(self, graph: GraphProto, scope: Scope) -> None:
+        pairs = [
+            (node.input[0], node.output[0])
+            for node in graph.node
+            if _is_op(node, "Identity") and node.input and node.output
+        ]
+        # Chains resolve in at most len(pairs) rounds, whatever the node order.
+        for _ in range(len(pairs) + 1):
+            changed = False
+            for source, output in pairs:
+                target = scope.get(source)
+                if target is not None and scope.get(output) != target:
+                    scope[output] = self.aliases[output] = target
+                    changed = True
+            if not changed:
+                break
+
+    def walk(self, graph: GraphProto, graph_path: str, outer: Scope) -> None:
+        """Collect graph's tensors and consumers, then its subgraphs' (which see graph's values)."""
+        scope = outer.new_child()
+        self._define_values(graph, graph_path, scope)
+        self._resolve_identities(graph, scope)
+        label = graph_path or "main"
+        prefix = f"{graph_path}/" if graph_path else ""
+        for index, node in enumerate(graph.node):
+            node_name = node.name or f"#{index}"
+            for slot, value in enumerate(node.input):
+                target = scope.get(value) if value else None
+                if target is not None:
+                    self.consumers[target].append(Consumer(node_name, node.op_type, slot, label))
+            for sub_path, subgraph in _subgraphs(node, prefix + node_name):
+                self.walk(subgraph, sub_path, scope)
+
+    def checkpoint(self) -> Checkpoint:
+        """The Checkpoint gathered so far."""
+        return Checkpoint(
+            path=self.path,
+            format="onnx",
+            tensors=tuple(self.tensors),
+            storages=self.storages,
+            store=self.store,
+            consumers={name: tuple(uses) for name, uses in self.consumers.items()},
+            aliases=self.aliases,
+            skipped=tuple(self.skipped),
+            files=tuple(self.files),
+        )
+
+
+class OnnxReader(Reader):
+    """ONNX protobuf models, with embedded or external data."""
+
+    format = "onnx"
+
+    def sniff(self, path: str, head: bytes) -> bool:
+        return looks_like_model_proto(head) or path.lower().endswith(".onnx")
+
+    def read(self, path: str) -> Checkpoint:
+        model = load_model(path)
+        collector = _Collector(path)
+        collector.walk(model.graph, "", ChainMap())
+        return collector.checkpoint()
