@@ -1,0 +1,312 @@
+"""Hugging Face model folders: config.json, weight files (single, sharded, indexed), tokenizer.json.
+
+Weight files are chosen the way transformers chooses them: ``model.safetensors``, else its index,
+else any ``*.safetensors``, else ``pytorch_model.bin`` or its index. Every file read must stay
+inside the folder, by name and by link; the one exception is a hub cache snapshot, whose files
+are links into the repository's ``blobs`` folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tieaudit.bytestore import ByteStore
+from tieaudit.errors import InputError, UnsafeInputError
+from tieaudit.formats.hf_ties import config_ties, model_config
+from tieaudit.formats.interface import Reader
+from tieaudit.formats.safetensors import metadata_ties, read_header
+from tieaudit.model import Checkpoint, DeclaredTie, Skipped, StorageInfo, TensorInfo
+
+CONFIG = "config.json"
+TOKENIZER = "tokenizer.json"
+SAFE_SINGLE = "model.safetensors"
+SAFE_INDEX = "model.safetensors.index.json"
+TORCH_SINGLE = "pytorch_model.bin"
+TORCH_INDEX = "pytorch_model.bin.index.json"
+LOOKED_FOR = f"{SAFE_SINGLE}, {SAFE_INDEX}, *.safetensors, {TORCH_SINGLE}, {TORCH_INDEX}"
+
+
+@dataclass(frozen=True)
+class WeightSet:
+    """The weight files a folder holds, and the index that lists them, if any."""
+
+    files: tuple[str, ...]
+    """Weight files relative to the folder, in reading order."""
+    index: str | None = None
+    """The index file (relative), when the weights are sharded through one."""
+    weight_map: Mapping[str, str] = field(default_factory=dict)
+    """Index ``weight_map``: tensor name -> file holding it."""
+    index_metadata: Mapping[str, str] = field(default_factory=dict)
+    """The index's string-valued ``metadata`` entries (may hold ``{dropped: kept}`` records)."""
+
+
+@dataclass(frozen=True)
+class FilePart:
+    """What one weight file contributes to the folder's checkpoint."""
+
+    file: str
+    """The file, relative to the folder."""
+    tensors: tuple[TensorInfo, ...]
+    """Its tensors (files and storage ids rewritten for the folder once ``rebased``)."""
+    storages: dict[str, StorageInfo]
+    """Its storages by id (folder-wide once ``rebased``)."""
+    declared_ties: tuple[DeclaredTie, ...] = ()
+    """Ties the file itself records (safetensors ``__metadata__``)."""
+    skipped: tuple[Skipped, ...] = ()
+    """Entries the file's reader did not treat as tensors."""
+    memory: dict[str, bytes] = field(default_factory=dict)
+    """Storage bytes that live in memory rather than in the file, by storage id."""
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def hub_blobs(folder: str) -> str | None:
+    """``<repo>/blobs`` when folder is a hub cache snapshot (``<repo>/snapshots/<revision>``)."""
+    snapshots = os.path.dirname(os.path.abspath(folder))
+    if os.path.basename(snapshots) != "snapshots":
+        return None
+    return os.path.realpath(os.path.join(os.path.dirname(snapshots), "blobs"))
+
+
+def confined_path(folder: str, name: str, listed_in: str | None = None) -> str:
+    """folder/name; refuses names and links leaving the folder (hub cache snapshot -> blobs allowed)."""
+    source = f" (listed in {listed_in})" if listed_in else ""
+    if os.path.isabs(name) or name.startswith(("/", "\\")) or ".." in name.replace("\\", "/").split("/"):
+        raise UnsafeInputError(f"file name {name!r}{source} leaves the model folder", folder)
+    path = os.path.join(folder, name)
+    real = os.path.realpath(path)
+    blobs = hub_blobs(folder)
+    if not _inside(real, os.path.realpath(folder)) and not (blobs and _inside(real, blobs)):
+        raise UnsafeInputError(f"{name}{source} is a link leading outside the model folder", folder)
+    if not os.path.isfile(real):
+        raise InputError(f"{name}{source} is missing or not a regular file", folder)
+    return path
+
+
+def load_json(folder: str, name: str) -> Any:
+    """Parse one JSON file of the folder, with errors naming the file."""
+    path = confined_path(folder, name)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"{name} is not valid JSON ({exc})", folder) from exc
+    except OSError as exc:
+        raise InputError(f"cannot read {name}: {exc.strerror or exc}", folder) from exc
+
+
+def read_index(folder: str, name: str) -> WeightSet:
+    """A shard index: its weight map (validated) and its string metadata."""
+    index = load_json(folder, name)
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+    ):
+        raise InputError(f"{name}: weight_map must map tensor names to file names", folder)
+    if not weight_map:
+        raise InputError(f"{name}: weight_map lists no tensors", folder)
+    metadata = index.get("metadata") or {}
+    if not isinstance(metadata, dict):
+        raise InputError(f"{name}: metadata must be an object", folder)
+    for file in dict.fromkeys(weight_map.values()):
+        confined_path(folder, file, listed_in=name)
+    normalized = {k: os.path.normpath(v).replace(os.sep, "/") for k, v in weight_map.items()}
+    strings = {k: v for k, v in metadata.items() if isinstance(v, str)}
+    return WeightSet(tuple(sorted(set(normalized.values()))), name, normalized, strings)
+
+
+def find_weights(folder: str) -> WeightSet:
+    """The weight files to read, in transformers' order of preference."""
+
+    def exists(name: str) -> bool:
+        return os.path.isfile(os.path.join(folder, name))
+
+    if exists(SAFE_SINGLE):
+        return WeightSet((SAFE_SINGLE,))
+    if exists(SAFE_INDEX):
+        return read_index(folder, SAFE_INDEX)
+    loose = sorted(os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(folder), "*.safetensors")))
+    if loose:
+        return WeightSet(tuple(loose))
+    if exists(TORCH_SINGLE):
+        return WeightSet((TORCH_SINGLE,))
+    if exists(TORCH_INDEX):
+        return read_index(folder, TORCH_INDEX)
+    raise InputError(f"no weights found (looked for {LOOKED_FOR})", folder)
+
+
+def read_safetensors_part(folder: str, file: str) -> FilePart:
+    """One safetensors file: its header and its ``__metadata__`` tie records."""
+    header = read_header(confined_path(folder, file), file)
+    stored = {t.name for t in header.tensors}
+    ties = metadata_ties(header.metadata, stored, f"{file}:__metadata__", "metadata")
+    return FilePart(file, header.tensors, header.storages, tuple(ties))
+
+
+def read_torch_part(folder: str, file: str) -> FilePart:
+    """One PyTorch file, read by the torch reader; in-memory storage bytes are copied out."""
+    from tieaudit.formats.torch_file import TorchReader
+
+    with TorchReader().read(confined_path(folder, file)) as sub:
+        memory = {sid: bytes(sub.store.buffer(s)) for sid, s in sub.storages.items() if s.file_offset < 0}
+        return FilePart(file, sub.tensors, dict(sub.storages), sub.declared_ties, sub.skipped, memory)
+
+
+def rebased(part: FilePart, namespaced: bool) -> FilePart:
+    """The part with files relative to the folder and, when merging, storage ids ``file#id``."""
+
+    def key(storage_id: str) -> str:
+        return f"{part.file}#{storage_id}" if namespaced else storage_id
+
+    return dataclasses.replace(
+        part,
+        tensors=tuple(
+            dataclasses.replace(t, storage_id=key(t.storage_id), file=part.file) for t in part.tensors
+        ),
+        storages={
+            key(sid): dataclasses.replace(s, storage_id=key(sid), file=part.file)
+            for sid, s in part.storages.items()
+        },
+        memory={key(sid): data for sid, data in part.memory.items()},
+    )
+
+
+def read_part(folder: str, file: str, namespaced: bool) -> FilePart:
+    """One weight file by the reader of its kind (safetensors by name, else PyTorch), rebased."""
+    if file.endswith(".safetensors"):
+        return rebased(read_safetensors_part(folder, file), namespaced)
+    return rebased(read_torch_part(folder, file), namespaced)
+
+
+def check_weight_map(weights: WeightSet, parts: list[FilePart], folder: str) -> None:
+    """Every index entry must name a tensor its shard really holds; no name may be stored twice."""
+    holder: dict[str, str] = {}
+    for part in parts:
+        for tensor in part.tensors:
+            first = holder.setdefault(tensor.name, part.file)
+            if first != part.file:
+                raise InputError(f"tensor {tensor.name!r} is stored in both {first} and {part.file}", folder)
+    for name, file in weights.weight_map.items():
+        if holder.get(name) != file:
+            raise InputError(
+                f"{weights.index}: weight_map puts {name!r} in {file}, which does not hold it", folder
+            )
+
+
+def tokenizer_vocab_size(tokenizer: object) -> int | None:
+    """Max token id + 1 over the model vocabulary and the added tokens of a tokenizer.json."""
+    ids: list[int] = []
+    model = tokenizer.get("model") if isinstance(tokenizer, dict) else None
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    if isinstance(vocab, dict):
+        ids.extend(v for v in vocab.values() if isinstance(v, int))
+    elif isinstance(vocab, list) and vocab:  # Unigram: the position is the id
+        ids.append(len(vocab) - 1)
+    added = tokenizer.get("added_tokens") if isinstance(tokenizer, dict) else None
+    if isinstance(added, list):
+        ids.extend(t["id"] for t in added if isinstance(t, dict) and isinstance(t.get("id"), int))
+    return max(ids) + 1 if ids else None
+
+
+def read_tokenizer(folder: str) -> tuple[int | None, list[str], list[Skipped]]:
+    """tokenizer.json's vocabulary size, the file read, and a note when it is unreadable."""
+    if not os.path.isfile(os.path.join(folder, TOKENIZER)):
+        return None, [], []
+    try:
+        size = tokenizer_vocab_size(load_json(folder, TOKENIZER))
+    except UnsafeInputError:
+        raise
+    except InputError as exc:
+        return None, [], [Skipped(TOKENIZER, f"{exc.message}; tokenizer vocabulary size unknown")]
+    return size, [TOKENIZER], []
+
+
+def read_config(folder: str) -> tuple[dict[str, Any] | None, list[str]]:
+    """config.json as an object (None when the folder has none) and the file read."""
+    if not os.path.isfile(os.path.join(folder, CONFIG)):
+        return None, []
+    config = load_json(folder, CONFIG)
+    if not isinstance(config, dict):
+        raise InputError(f"{CONFIG} is not a JSON object", folder)
+    return config, [CONFIG]
+
+
+def gather_declarations(
+    folder: str,
+    config: Mapping[str, Any] | None,
+    weights: WeightSet,
+    parts: list[FilePart],
+    use_transformers: bool,
+) -> tuple[tuple[DeclaredTie, ...], list[Skipped]]:
+    """Ties declared by config.json, shard metadata and the index; notes on what was not resolved."""
+    ties: list[DeclaredTie] = []
+    notes: list[Skipped] = []
+    if config is not None:
+        ties, notes = config_ties(config, os.path.join(folder, CONFIG), use_transformers)
+    for part in parts:
+        ties.extend(part.declared_ties)
+        notes.extend(part.skipped)
+    if weights.index is not None:
+        stored = {t.name for part in parts for t in part.tensors}
+        where = f"{weights.index}:metadata"
+        ties.extend(metadata_ties(dict(weights.index_metadata), stored, where, "index"))
+    return unique_ties(ties), notes
+
+
+def byte_store(folder: str, parts: list[FilePart]) -> ByteStore:
+    """A store over the folder, holding the storages that live in memory."""
+    store = ByteStore(folder)
+    for part in parts:
+        for storage_id, data in part.memory.items():
+            store.hold(storage_id, data)
+    return store
+
+
+def unique_ties(ties: list[DeclaredTie]) -> tuple[DeclaredTie, ...]:
+    """Ties in first-seen order, one per (target, source, declared_by)."""
+    seen: dict[tuple[str, str, str], DeclaredTie] = {}
+    for tie in ties:
+        seen.setdefault((tie.target, tie.source, tie.declared_by), tie)
+    return tuple(seen.values())
+
+
+class HfDirReader(Reader):
+    """Hugging Face model folders (``save_pretrained`` output, hub snapshots)."""
+
+    format = "hf-dir"
+
+    def __init__(self, use_transformers: bool = True) -> None:
+        self.use_transformers = use_transformers
+        """Resolve config ties with the installed transformers when importable (else the table)."""
+
+    def sniff(self, path: str, head: bytes) -> bool:
+        return os.path.isdir(path)
+
+    def read(self, path: str) -> Checkpoint:
+        folder = path
+        config, config_files = read_config(folder)
+        weights = find_weights(folder)
+        parts = [read_part(folder, file, len(weights.files) > 1) for file in weights.files]
+        check_weight_map(weights, parts, folder)
+        tokenizer_size, tokenizer_files, tokenizer_notes = read_tokenizer(folder)
+        ties, notes = gather_declarations(folder, config, weights, parts, self.use_transformers)
+        index_files = [weights.index] if weights.index else []
+        return Checkpoint(
+            path=path,
+            format="hf-dir",
+            tensors=tuple(t for part in parts for t in part.tensors),
+            storages={sid: s for part in parts for sid, s in part.storages.items()},
+            store=byte_store(folder, parts),
+            declared_ties=ties,
+            skipped=tuple(notes + tokenizer_notes),
+            config=model_config(config, os.path.join(folder, CONFIG), tokenizer_size, TOKENIZER),
+            files=tuple(config_files + index_files + list(weights.files) + tokenizer_files),
+        )
