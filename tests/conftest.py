@@ -1,0 +1,51 @@
+"""Shared fixtures: the generated corpus (built on demand, in a subprocess) and the malformed files.
+
+Imports nothing heavy: the generator runs in its own process, so torch never loads here.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+GENERATOR = ROOT / "fixtures" / "generate.py"
+GENERATED = ROOT / "fixtures" / "generated"
+MALFORMED = ROOT / "fixtures" / "malformed"
+
+
+class Corpus:
+    """The generated fixtures, looked up by name in MANIFEST.json."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.manifest: dict[str, Any] = json.loads((root / "MANIFEST.json").read_text())
+        self.entries: dict[str, dict[str, Any]] = {e["name"]: e for e in self.manifest["fixtures"]}
+
+    def entry(self, name: str) -> dict[str, Any]:
+        if name not in self.entries:
+            failed = {f["name"]: f["error"] for f in self.manifest["failed"]}
+            pytest.fail(f"fixture {name!r} not generated: {failed.get(name, 'unknown name')}")
+        return self.entries[name]
+
+    def path(self, name: str) -> Path:
+        return self.root / self.entry(name)["path"]
+
+
+@pytest.fixture(scope="session")
+def corpus() -> Corpus:
+    # The generator returns at once when its manifest is current; a fresh build takes ~15 s.
+    run = subprocess.run([sys.executable, str(GENERATOR), str(GENERATED)], capture_output=True, text=True)
+    if run.returncode != 0:
+        pytest.fail(f"fixtures/generate.py failed (it needs torch and transformers):\n{run.stderr[-4000:]}")
+    return Corpus(GENERATED)
+
+
+@pytest.fixture(scope="session")
+def malformed_dir() -> Path:
+    return MALFORMED
