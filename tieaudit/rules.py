@@ -114,8 +114,11 @@ def _compare_declared(
 
 
 def _first(ckpt: Checkpoint, suffixes: tuple[str, ...], ndim: int) -> TensorInfo | None:
+    """The first tensor named ``suffix`` or ``*.suffix`` (``ffn_output.weight`` is no ``output.weight``)."""
     for tensor in ckpt.tensors:
-        if len(tensor.shape) == ndim and tensor.name.endswith(suffixes):
+        if len(tensor.shape) == ndim and any(
+            tensor.name == suffix or tensor.name.endswith("." + suffix) for suffix in suffixes
+        ):
             return tensor
     return None
 
