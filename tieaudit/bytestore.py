@@ -18,6 +18,7 @@ class ByteStore:
     def __init__(self, root: str) -> None:
         self.root = root
         self._maps: dict[str, mmap.mmap] = {}
+        self._fds: dict[str, int] = {}
         self._memory: dict[str, bytes] = {}
 
     def hold(self, storage_id: str, data: bytes) -> None:
@@ -52,6 +53,24 @@ class ByteStore:
             )
         return memoryview(mapped)[storage.file_offset : end]
 
+    def gather(self, storage: StorageInfo, offsets: list[int], size: int) -> bytes:
+        """size bytes at each offset of the storage, concatenated.
+
+        For a few dozen scattered elements pread beats the mapping: a touch through the map
+        can fault in a whole large folio per element, a pread copies just the element.
+        """
+        if storage.storage_id in self._memory or storage.nbytes == 0:
+            data = self.buffer(storage)
+            return b"".join(bytes(data[o : o + size]) for o in offsets)
+        fd = self._fds.get(storage.file)
+        if fd is None:
+            fd = os.open(os.path.join(self.root, storage.file), os.O_RDONLY)
+            self._fds[storage.file] = fd
+        chunks = [os.pread(fd, size, storage.file_offset + offset) for offset in offsets]
+        if any(len(chunk) != size for chunk in chunks):
+            raise InputError(f"storage {storage.storage_id} is cut short", os.path.join(self.root, storage.file))
+        return b"".join(chunks)
+
     def drop(self, storage: StorageInfo, start: int, end: int) -> None:
         """Let the kernel reclaim pages of storage bytes [start, end) that were read.
 
@@ -75,4 +94,7 @@ class ByteStore:
             except BufferError:
                 pass  # a caller still holds a view; the map closes when it is released
         self._maps.clear()
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
         self._memory.clear()

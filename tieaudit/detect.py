@@ -165,7 +165,10 @@ class _Search:
         by_print: dict[tuple[object, ...], list[TensorInfo]] = defaultdict(list)
         for tensor in matrices:
             by_print[(tensor.dtype, tensor.shape, self.fingerprint(tensor))].append(tensor)
+        shapes = {(t.dtype, t.shape) for t in matrices}
         for other in matrices:
+            if (other.dtype, other.shape[::-1]) not in shapes:
+                continue  # no matrix of the transposed shape: skip the fingerprint's reads
             key = (other.dtype, other.shape[::-1], self.fingerprint(other, transposed=True))
             for original in by_print.get(key, []):
                 if original.storage_id == other.storage_id or self.joined(original, other):

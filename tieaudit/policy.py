@@ -12,10 +12,6 @@ from tieaudit.errors import UsageError
 from tieaudit.findings import RULES, SEVERITY_RANK, Severity
 from tieaudit.model import DeclaredTie
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 
 @dataclass(frozen=True)
@@ -105,6 +101,10 @@ def load_policy(path: str | None) -> Policy:
 
 
 def _read(path: str, required: bool) -> Policy | None:
+    if sys.version_info >= (3, 11):  # imported here: most runs have no policy file to parse
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
     try:
         with open(path, "rb") as handle:
             document = tomllib.load(handle)

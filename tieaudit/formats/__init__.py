@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+from collections.abc import Iterator
 
 from tieaudit.errors import InputError, UnsupportedFormatError
 from tieaudit.formats.interface import Reader
@@ -11,14 +13,19 @@ from tieaudit.model import Checkpoint
 HEAD_BYTES = 64
 
 
-def _readers() -> list[Reader]:
-    # Imported here so that reading one format never imports another's framework.
-    from tieaudit.formats.hf_dir import HfDirReader
-    from tieaudit.formats.onnx_model import OnnxReader
-    from tieaudit.formats.safetensors import SafetensorsReader
-    from tieaudit.formats.torch_file import TorchReader
+# (module, class): imported one at a time, in this order, so a safetensors audit never pays
+# for the zip, pickle or protobuf machinery of the others (and never imports onnx or torch).
+_FILE_READERS = (
+    ("tieaudit.formats.safetensors", "SafetensorsReader"),
+    ("tieaudit.formats.torch_file", "TorchReader"),
+    ("tieaudit.formats.onnx_model", "OnnxReader"),
+)
+_FOLDER_READERS = (("tieaudit.formats.hf_dir", "HfDirReader"),)
 
-    return [HfDirReader(), SafetensorsReader(), TorchReader(), OnnxReader()]
+
+def _readers(folder: bool) -> Iterator[Reader]:
+    for module, name in _FOLDER_READERS if folder else _FILE_READERS:
+        yield getattr(importlib.import_module(module), name)()
 
 
 def read_head(path: str) -> bytes:
@@ -41,7 +48,7 @@ def open_checkpoint(path: str) -> Checkpoint:
     head = b"" if os.path.isdir(path) else read_head(path)
     if not os.path.isdir(path) and not head:
         raise InputError("file is empty", path)
-    for reader in _readers():
+    for reader in _readers(os.path.isdir(path)):
         if reader.sniff(path, head):
             return reader.read(path)
     raise UnsupportedFormatError(
