@@ -56,11 +56,17 @@ def test_difference_outside_the_samples_is_not_a_copy(tmp_path: Path, emb: torch
 
 
 def test_constant_tensors_are_never_candidates(tmp_path: Path) -> None:
-    found = copies(tmp_path, {
-        "ln1.weight": torch.ones(2048), "ln2.weight": torch.ones(2048),
-        "bias1": torch.zeros(4096), "bias2": torch.zeros(4096),
-        "lora_b1": torch.zeros(64, 64), "lora_b2": torch.zeros(64, 64),
-    })
+    found = copies(
+        tmp_path,
+        {
+            "ln1.weight": torch.ones(2048),
+            "ln2.weight": torch.ones(2048),
+            "bias1": torch.zeros(4096),
+            "bias2": torch.zeros(4096),
+            "lora_b1": torch.zeros(64, 64),
+            "lora_b2": torch.zeros(64, 64),
+        },
+    )
     assert found == []
 
 
@@ -78,10 +84,13 @@ def test_a_non_constant_bias_is_a_candidate(tmp_path: Path) -> None:
 
 
 def test_albert_like_transposed_shapes_with_different_values(tmp_path: Path) -> None:
-    found = copies(tmp_path, {
-        "predictions.dense.weight": torch.randn(128, 256),
-        "embedding_hidden_mapping_in.weight": torch.randn(256, 128),
-    })
+    found = copies(
+        tmp_path,
+        {
+            "predictions.dense.weight": torch.randn(128, 256),
+            "embedding_hidden_mapping_in.weight": torch.randn(256, 128),
+        },
+    )
     assert found == []
 
 

@@ -18,15 +18,40 @@ import pytest
 from conftest import GENERATED, GENERATOR, MALFORMED, Corpus
 
 REQUIRED = [
-    "torch_tied_lm", "torch_untied_lm", "torch_cloned_head", "torch_transposed_copy", "torch_fp16_copy",
-    "torch_transposed_view", "torch_overlapping_views", "torch_train_ckpt", "torch_legacy_tied",
+    "torch_tied_lm",
+    "torch_untied_lm",
+    "torch_cloned_head",
+    "torch_transposed_copy",
+    "torch_fp16_copy",
+    "torch_transposed_view",
+    "torch_overlapping_views",
+    "torch_train_ckpt",
+    "torch_legacy_tied",
     "torch_bf16_tied",
-    "st_save_model_tied", "st_cloned_head", "st_untied_lm", "st_transposed_copy", "st_cast_copy",
-    "hf_gpt2", "hf_llama_tied", "hf_llama_untied", "hf_t5", "hf_bert_mlm", "hf_albert_mlm",
-    "hf_llama_diverged_head", "hf_llama_lm_head_only", "hf_llama_vocab_misaligned", "hf_gpt2_sharded",
-    "hf_gpt2_bin", "hub_sharded_tied",
-    "onnx_gpt2_tied_dynamo", "onnx_gpt2_tied_dynamo_extdata", "onnx_gpt2_tied_torchscript",
-    "onnx_gpt2_cloned_dynamo", "onnx_helper_shared", "onnx_helper_duplicate", "onnx_helper_shared_external",
+    "st_save_model_tied",
+    "st_cloned_head",
+    "st_untied_lm",
+    "st_transposed_copy",
+    "st_cast_copy",
+    "hf_gpt2",
+    "hf_llama_tied",
+    "hf_llama_untied",
+    "hf_t5",
+    "hf_bert_mlm",
+    "hf_albert_mlm",
+    "hf_llama_diverged_head",
+    "hf_llama_lm_head_only",
+    "hf_llama_vocab_misaligned",
+    "hf_gpt2_sharded",
+    "hf_gpt2_bin",
+    "hub_sharded_tied",
+    "onnx_gpt2_tied_dynamo",
+    "onnx_gpt2_tied_dynamo_extdata",
+    "onnx_gpt2_tied_torchscript",
+    "onnx_gpt2_cloned_dynamo",
+    "onnx_helper_shared",
+    "onnx_helper_duplicate",
+    "onnx_helper_shared_external",
     "onnx_helper_subgraph",
 ]
 # A fixture may be missing only with a reason written here (e.g. an exporter bug in a pinned version).
@@ -206,8 +231,12 @@ def test_malformed_manifest_lists_every_file(malformed_dir: Path) -> None:
 
 def test_make_malformed_rebuilds_committed_bytes(malformed_dir: Path, tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    subprocess.run([sys.executable, str(MALFORMED / "make_malformed.py"), str(tmp_path)], check=True,
-                   capture_output=True, cwd=tmp_path)
+    subprocess.run(
+        [sys.executable, str(MALFORMED / "make_malformed.py"), str(tmp_path)],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
+    )
     for rebuilt in tmp_path.iterdir():
         assert rebuilt.read_bytes() == (malformed_dir / rebuilt.name).read_bytes(), rebuilt.name
     assert not (tmp_path / "tieaudit_pwned_marker").exists()

@@ -167,8 +167,14 @@ def test_where_names_the_resolver(saved: Callable[[str], Saved], tmp_path: Path)
     from safetensors.numpy import save_file
     from transformers import GPTNeoConfig
 
-    config = GPTNeoConfig(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2,
-                          attention_types=[[["global"], 1]], max_position_embeddings=16)
+    config = GPTNeoConfig(
+        vocab_size=64,
+        hidden_size=16,
+        num_layers=1,
+        num_heads=2,
+        attention_types=[[["global"], 1]],
+        max_position_embeddings=16,
+    )
     config.architectures = ["GPTNeoForCausalLM"]
     config.save_pretrained(tmp_path)
     save_file({"transformer.wte.weight": np.zeros((64, 16), np.float32)}, str(tmp_path / "model.safetensors"))

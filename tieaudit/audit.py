@@ -35,7 +35,6 @@ class Audit:
             "notes": sum(f.severity == "note" for f in self.findings),
         }
 
-
     def failing(self, fail_on: Severity) -> tuple[Finding, ...]:
         """Findings at or above fail_on."""
         return tuple(f for f in self.findings if SEVERITY_RANK[f.severity] >= SEVERITY_RANK[fail_on])

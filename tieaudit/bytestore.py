@@ -12,6 +12,13 @@ if TYPE_CHECKING:
     from tieaudit.model import StorageInfo
 
 
+def _close_map(mapped: mmap.mmap) -> None:
+    try:
+        mapped.close()
+    except BufferError:
+        pass  # a caller still holds a view; the map closes when that view is released
+
+
 class ByteStore:
     """Hands out read-only memoryviews of storages; maps each file once, lazily."""
 
@@ -68,7 +75,9 @@ class ByteStore:
             self._fds[storage.file] = fd
         chunks = [os.pread(fd, size, storage.file_offset + offset) for offset in offsets]
         if any(len(chunk) != size for chunk in chunks):
-            raise InputError(f"storage {storage.storage_id} is cut short", os.path.join(self.root, storage.file))
+            raise InputError(
+                f"storage {storage.storage_id} is cut short", os.path.join(self.root, storage.file)
+            )
         return b"".join(chunks)
 
     def drop(self, storage: StorageInfo, start: int, end: int) -> None:
@@ -89,10 +98,7 @@ class ByteStore:
     def close(self) -> None:
         """Unmap every file (views still alive keep their map until released)."""
         for mapped in self._maps.values():
-            try:
-                mapped.close()
-            except BufferError:
-                pass  # a caller still holds a view; the map closes when it is released
+            _close_map(mapped)
         self._maps.clear()
         for fd in self._fds.values():
             os.close(fd)

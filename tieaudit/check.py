@@ -44,11 +44,15 @@ class CheckResult:
 
 def run_check(paths: list[str], policy: Policy) -> CheckResult:
     """Audit every path; a bad path is recorded, never stops the others."""
-    audits = []
-    errors = []
-    for path in paths:
-        try:
-            audits.append(audit_path(path, policy))
-        except TieauditError as exc:
-            errors.append(PathError(path, exc.message if exc.path else str(exc)))
-    return CheckResult(tuple(audits), tuple(errors))
+    outcomes = [_audit_one(path, policy) for path in paths]
+    return CheckResult(
+        tuple(o for o in outcomes if isinstance(o, Audit)),
+        tuple(o for o in outcomes if isinstance(o, PathError)),
+    )
+
+
+def _audit_one(path: str, policy: Policy) -> Audit | PathError:
+    try:
+        return audit_path(path, policy)
+    except TieauditError as exc:
+        return PathError(path, exc.message if exc.path else str(exc))

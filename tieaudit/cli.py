@@ -60,11 +60,19 @@ def output_options(formats: tuple[str, ...]) -> Callable[[F], F]:
 
     def decorate(command: F) -> F:
         command = click.option(
-            "--output", "-o", type=click.Path(dir_okay=False), default=None,
+            "--output",
+            "-o",
+            type=click.Path(dir_okay=False),
+            default=None,
             help="Write the report to this file instead of stdout.",
         )(command)
         return click.option(
-            "--format", "-f", "fmt", type=click.Choice(formats), default=formats[0], show_default=True,
+            "--format",
+            "-f",
+            "fmt",
+            type=click.Choice(formats),
+            default=formats[0],
+            show_default=True,
             help="Report format.",
         )(command)
 
@@ -112,21 +120,45 @@ def inspect(path: str, fmt: str, output: str | None) -> None:
 
 @cli.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
-@click.option("--policy", "policy_path", type=click.Path(dir_okay=False), default=None,
-              help="Policy file: tieaudit.toml, or pyproject.toml with [tool.tieaudit]. "
-                   "Default: tieaudit.toml or pyproject.toml in the current folder, if any.")
-@click.option("--fail-on", type=click.Choice(["error", "warning", "note"]), default=None,
-              help="Exit 1 when a finding at or above this severity exists. [default: policy, else warning]")
-@click.option("--min-size", type=click.IntRange(min=0), default=None,
-              help="Tensors smaller than this many bytes are never copy candidates. [default: 1024]")
-@click.option("--ignore", "ignored", multiple=True, metavar="RULE",
-              help="Do not report this rule id (repeatable), e.g. --ignore TIE004.")
+@click.option(
+    "--policy",
+    "policy_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Policy file: tieaudit.toml, or pyproject.toml with [tool.tieaudit]. "
+    "Default: tieaudit.toml or pyproject.toml in the current folder, if any.",
+)
+@click.option(
+    "--fail-on",
+    type=click.Choice(["error", "warning", "note"]),
+    default=None,
+    help="Exit 1 when a finding at or above this severity exists. [default: policy, else warning]",
+)
+@click.option(
+    "--min-size",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Tensors smaller than this many bytes are never copy candidates. [default: 1024]",
+)
+@click.option(
+    "--ignore",
+    "ignored",
+    multiple=True,
+    metavar="RULE",
+    help="Do not report this rule id (repeatable), e.g. --ignore TIE004.",
+)
 @click.option("--exit-zero", is_flag=True, help="Always exit 0 unless the audit itself failed.")
 @output_options(("text", "json"))
 @user_errors
 def check(
-    paths: tuple[str, ...], policy_path: str | None, fail_on: str | None, min_size: int | None,
-    ignored: tuple[str, ...], exit_zero: bool, fmt: str, output: str | None,
+    paths: tuple[str, ...],
+    policy_path: str | None,
+    fail_on: str | None,
+    min_size: int | None,
+    ignored: tuple[str, ...],
+    exit_zero: bool,
+    fmt: str,
+    output: str | None,
 ) -> None:
     """Gate a release: exit 1 when findings reach --fail-on.
 
@@ -168,7 +200,9 @@ def check(
         ignore=policy.ignore | frozenset(ignored),
     )
     result = run_check(list(paths), policy)
-    write_output(render_check(result, fmt, policy.fail_on, color=output is None and sys.stdout.isatty()), output)
+    write_output(
+        render_check(result, fmt, policy.fail_on, color=output is None and sys.stdout.isatty()), output
+    )
     for error in result.errors:
         click.echo(f"tieaudit: error: {error.path}: {error.message}", err=True)
     code = result.exit_code(policy.fail_on)
@@ -200,8 +234,10 @@ def main(argv: list[str] | None = None) -> int:
         import traceback
 
         traceback.print_exc()
-        click.echo("tieaudit: internal error: this is a bug in tieaudit; please report it with the "
-                   "traceback above", err=True)
+        click.echo(
+            "tieaudit: internal error: this is a bug in tieaudit; please report it with the traceback above",
+            err=True,
+        )
         return EXIT_ERROR
 
 

@@ -110,7 +110,9 @@ def equal_bytes(ckpt: Checkpoint, first: TensorInfo, second: TensorInfo, compare
     return all(comparer.same(a, b) for (_, a), (_, b) in pairs)
 
 
-def transposed_bytes(ckpt: Checkpoint, first: TensorInfo, second: TensorInfo, comparer: BlockComparer) -> bool:
+def transposed_bytes(
+    ckpt: Checkpoint, first: TensorInfo, second: TensorInfo, comparer: BlockComparer
+) -> bool:
     """second == first.T bit for bit (2-D, same dtype), compared one block of first's rows at a time."""
     if len(first.shape) != 2 or first.shape != second.shape[::-1] or first.dtype != second.dtype:
         return False
@@ -183,7 +185,9 @@ def difference(ckpt: Checkpoint, first: TensorInfo, second: TensorInfo) -> tuple
     rows = _rows_per_block(first)
     worst = 0.0
     differing = 0
-    for (_, left), (_, right) in zip(iter_blocks(ckpt, first, rows), iter_blocks(ckpt, second, rows), strict=True):
+    for (_, left), (_, right) in zip(
+        iter_blocks(ckpt, first, rows), iter_blocks(ckpt, second, rows), strict=True
+    ):
         a = left.astype(np.float64)
         b = right.astype(np.float64)
         with np.errstate(invalid="ignore"):

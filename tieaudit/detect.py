@@ -64,7 +64,15 @@ class CopyGroup:
         return sum(m.nbytes for m in self.members)
 
 
-EMBEDDING_HINTS = ("embed_tokens", "wte", "word_embeddings", "shared", "tok_embeddings", "token_embd", "embed")
+EMBEDDING_HINTS = (
+    "embed_tokens",
+    "wte",
+    "word_embeddings",
+    "shared",
+    "tok_embeddings",
+    "token_embd",
+    "embed",
+)
 
 
 def keep_rank(tensor: TensorInfo, order: int, lookup_names: frozenset[str]) -> tuple[int, int, int]:
@@ -173,7 +181,9 @@ class _Search:
             for original in by_print.get(key, []):
                 if original.storage_id == other.storage_id or self.joined(original, other):
                     continue  # already one storage, or already known to be one group
-                if self.not_constant(original) and transposed_bytes(self.ckpt, original, other, self.comparer):
+                if self.not_constant(original) and transposed_bytes(
+                    self.ckpt, original, other, self.comparer
+                ):
                     self.record(original, other, "transposed")
 
     def cast(self, bucket: list[TensorInfo]) -> None:

@@ -27,22 +27,51 @@ class Rule:
 RULES: dict[str, Rule] = {
     r.id: r
     for r in (
-        Rule("TIE001", "untied-copy", "warning",
-             "Two or more matrices hold equal values in separate storage."),
-        Rule("TIE002", "declared-tie-broken", "error",
-             "A tie is declared, both names are stored, and their values differ."),
-        Rule("TIE003", "declared-tie-orphan", "error",
-             "A tie is declared but only its target is stored; loaders disagree on this layout."),
-        Rule("TIE004", "vocab-misaligned", "error",
-             "Embedding rows, output rows, output bias and declared vocabulary size disagree."),
-        Rule("TIE005", "runtime-duplicate", "warning",
-             "ONNX Runtime materialises another copy of a shared initializer."),
-        Rule("TIE006", "overlapping-views", "warning",
-             "Names share a storage with partially overlapping, non-identical views."),
-        Rule("TIE007", "optimizer-state-split", "warning",
-             "Optimizer state is kept separately for what is one tied parameter, or for a copy."),
-        Rule("TIE008", "expected-tie-missing", "error",
-             "The policy requires a tie that the checkpoint does not have."),
+        Rule(
+            "TIE001", "untied-copy", "warning", "Two or more matrices hold equal values in separate storage."
+        ),
+        Rule(
+            "TIE002",
+            "declared-tie-broken",
+            "error",
+            "A tie is declared, both names are stored, and their values differ.",
+        ),
+        Rule(
+            "TIE003",
+            "declared-tie-orphan",
+            "error",
+            "A tie is declared but only its target is stored; loaders disagree on this layout.",
+        ),
+        Rule(
+            "TIE004",
+            "vocab-misaligned",
+            "error",
+            "Embedding rows, output rows, output bias and declared vocabulary size disagree.",
+        ),
+        Rule(
+            "TIE005",
+            "runtime-duplicate",
+            "warning",
+            "ONNX Runtime materialises another copy of a shared initializer.",
+        ),
+        Rule(
+            "TIE006",
+            "overlapping-views",
+            "warning",
+            "Names share a storage with partially overlapping, non-identical views.",
+        ),
+        Rule(
+            "TIE007",
+            "optimizer-state-split",
+            "warning",
+            "Optimizer state is kept separately for what is one tied parameter, or for a copy.",
+        ),
+        Rule(
+            "TIE008",
+            "expected-tie-missing",
+            "error",
+            "The policy requires a tie that the checkpoint does not have.",
+        ),
     )
 }
 

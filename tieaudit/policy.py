@@ -13,7 +13,6 @@ from tieaudit.findings import RULES, SEVERITY_RANK, Severity
 from tieaudit.model import DeclaredTie
 
 
-
 @dataclass(frozen=True)
 class Policy:
     """Settings for one audit."""
@@ -51,8 +50,10 @@ def _expected(entries: Any, where: str) -> tuple[DeclaredTie, ...]:
         raise UsageError("expect-tie must be an array of tables with target and source", where)
     ties = []
     for entry in entries:
-        if not isinstance(entry, dict) or not isinstance(entry.get("target"), str) or not isinstance(
-            entry.get("source"), str
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("target"), str)
+            or not isinstance(entry.get("source"), str)
         ):
             raise UsageError(f"expect-tie entry {entry!r} needs string target and source", where)
         ties.append(DeclaredTie(entry["target"], entry["source"], "policy", where))

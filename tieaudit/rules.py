@@ -14,8 +14,14 @@ from tieaudit.policy import Policy
 from tieaudit.units import human_bytes
 
 OUTPUT_BIAS_SUFFIXES = ("lm_head.bias", "final_logits_bias", "predictions.bias")
-EMBEDDING_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "shared.weight",
-                      "tok_embeddings.weight", "token_embd.weight")
+EMBEDDING_SUFFIXES = (
+    "embed_tokens.weight",
+    "wte.weight",
+    "word_embeddings.weight",
+    "shared.weight",
+    "tok_embeddings.weight",
+    "token_embd.weight",
+)
 OUTPUT_SUFFIXES = ("lm_head.weight", "predictions.decoder.weight", "output.weight")
 
 
@@ -27,7 +33,9 @@ def _fix(path: str, relation: str) -> str:
     return f"tieaudit retie {path} {out}{extra}"
 
 
-def copy_findings(ckpt: Checkpoint, groups: list[CopyGroup], declared: set[frozenset[str]]) -> Iterator[Finding]:
+def copy_findings(
+    ckpt: Checkpoint, groups: list[CopyGroup], declared: set[frozenset[str]]
+) -> Iterator[Finding]:
     """TIE001: one finding per copy group and relation."""
     for group in groups:
         for relation in ("equal", "transposed", "cast"):
@@ -37,16 +45,26 @@ def copy_findings(ckpt: Checkpoint, groups: list[CopyGroup], declared: set[froze
             names = (group.kept, *(m.name for m in members))
             wasted = sum(m.nbytes for m in members)
             copies = ", ".join(m.name for m in members)
-            what = {"equal": "the same bytes as", "transposed": "the transpose of",
-                    "cast": "a lower-precision cast of"}[relation]
-            tied_note = (" The config declares them tied, but they are stored as two tensors."
-                         if any(frozenset((group.kept, m.name)) in declared for m in members) else "")
+            what = {
+                "equal": "the same bytes as",
+                "transposed": "the transpose of",
+                "cast": "a lower-precision cast of",
+            }[relation]
+            tied_note = (
+                " The config declares them tied, but they are stored as two tensors."
+                if any(frozenset((group.kept, m.name)) in declared for m in members)
+                else ""
+            )
             yield Finding(
-                "TIE001", "warning", names,
+                "TIE001",
+                "warning",
+                names,
                 f"{copies} holds {what} {group.kept} in separate storage ({human_bytes(wasted)} wasted): "
                 f"values that are equal are not a tie; each copy trains and loads as its own parameter."
                 + tied_note,
-                relation=relation, wasted_bytes=wasted, fix=_fix(ckpt.path, relation),
+                relation=relation,
+                wasted_bytes=wasted,
+                fix=_fix(ckpt.path, relation),
             )
 
 
@@ -67,7 +85,9 @@ def declared_findings(graph: AliasGraph, grouped: set[frozenset[str]]) -> Iterat
         seen.add(pair)
         if state.target_stored and not state.source_stored:
             yield Finding(
-                "TIE003", "error", (state.tie.target, state.tie.source),
+                "TIE003",
+                "error",
+                (state.tie.target, state.tie.source),
                 f"{_tie_where(state)}, but only {state.tie.target} is stored. Loaders disagree on this "
                 f"layout: transformers 4.57 leaves both on the meta device, 5.x swaps source and target.",
                 fix=f"store the matrix under {state.tie.source} (and drop {state.tie.target})",
@@ -87,7 +107,9 @@ def _compare_declared(
     names = (target.name, source.name)
     if target.shape != source.shape or target.dtype != source.dtype:
         yield Finding(
-            "TIE002", "error", names,
+            "TIE002",
+            "error",
+            names,
             f"{_tie_where(state)}, but they differ in shape or dtype "
             f"({target.dtype}{list(target.shape)} vs {source.dtype}{list(source.shape)}).",
             details={"target_shape": list(target.shape), "source_shape": list(source.shape)},
@@ -95,19 +117,29 @@ def _compare_declared(
         return
     if equal_bytes(ckpt, source, target, comparer):
         yield Finding(
-            "TIE001", "warning", (source.name, target.name),
+            "TIE001",
+            "warning",
+            (source.name, target.name),
             f"{_tie_where(state)}; both are stored with equal bytes in separate storage "
             f"({human_bytes(target.nbytes)} wasted).",
-            relation="equal", wasted_bytes=target.nbytes, fix=_fix(ckpt.path, "equal"),
+            relation="equal",
+            wasted_bytes=target.nbytes,
+            fix=_fix(ckpt.path, "equal"),
         )
         return
     max_abs, fraction = difference(ckpt, target, source)
     yield Finding(
-        "TIE002", "error", names,
+        "TIE002",
+        "error",
+        names,
         f"{_tie_where(state)}, but both are stored and their values differ (max abs difference "
         f"{max_abs:.3g}, {fraction:.1%} of elements)."
-        + (f" transformers 4.57 silently re-ties and discards the stored {target.name}; 5.x keeps both untied."
-           if state.tie.declared_by == "config" else ""),
+        + (
+            f" transformers 4.57 silently re-ties and discards the stored {target.name};"
+            " 5.x keeps both untied."
+            if state.tie.declared_by == "config"
+            else ""
+        ),
         fix=f"decide which matrix is right: untie in the config, or store only {source.name}",
         details={"max_abs_diff": max_abs, "differing_fraction": fraction},
     )
@@ -146,13 +178,20 @@ def vocab_findings(graph: AliasGraph) -> Iterator[Finding]:
         sizes[f"config vocab_size ({config.file})"] = config.vocab_size
     if len(set(sizes.values())) > 1:
         listing = ", ".join(f"{k} = {v}" for k, v in sizes.items())
-        yield Finding("TIE004", "error", tuple(names), f"vocabulary sizes disagree: {listing}.",
-                      details={"sizes": sizes})
+        yield Finding(
+            "TIE004",
+            "error",
+            tuple(names),
+            f"vocabulary sizes disagree: {listing}.",
+            details={"sizes": sizes},
+        )
     rows = embedding.shape[0] if embedding else (config.vocab_size if config else None)
     if config is not None and config.tokenizer_vocab_size is not None and rows is not None:
         if config.tokenizer_vocab_size > rows:
             yield Finding(
-                "TIE004", "error", tuple(names),
+                "TIE004",
+                "error",
+                tuple(names),
                 f"the tokenizer has {config.tokenizer_vocab_size} tokens but the embedding has {rows} rows: "
                 f"ids past {rows - 1} index out of range.",
                 details={"tokenizer_vocab_size": config.tokenizer_vocab_size, "rows": rows},
@@ -166,7 +205,9 @@ def overlap_findings(graph: AliasGraph) -> Iterator[Finding]:
         if pairs:
             names = tuple(dict.fromkeys(n for p in pairs for n in (p.first, p.second)))
             yield Finding(
-                "TIE006", "warning", names,
+                "TIE006",
+                "warning",
+                names,
                 f"{', '.join(names)} share storage {group.storage_id} with partially overlapping views: "
                 f"writing one silently changes part of the other.",
             )
@@ -184,14 +225,19 @@ def expected_findings(graph: AliasGraph, policy: Policy) -> Iterator[Finding]:
     """TIE008: a tie the policy requires is neither one storage nor a declared, loader-restored tie."""
     ckpt = graph.checkpoint
     storage_of = {t.name: t.storage_id for t in ckpt.tensors}
-    restored = {(s.tie.target, s.tie.source) for s in graph.ties
-                if s.tie.declared_by != "policy" and s.source_stored and not s.target_stored}
+    restored = {
+        (s.tie.target, s.tie.source)
+        for s in graph.ties
+        if s.tie.declared_by != "policy" and s.source_stored and not s.target_stored
+    }
     for tie in policy.expected_ties:
         target, source = storage_of.get(tie.target), storage_of.get(tie.source)
         if (target is not None and target == source) or (tie.target, tie.source) in restored:
             continue
         yield Finding(
-            "TIE008", "error", (tie.target, tie.source),
+            "TIE008",
+            "error",
+            (tie.target, tie.source),
             f"the policy ({tie.where}) requires {tie.target} tied to {tie.source}, but "
             f"{_missing_because(tie.target, tie.source, target, source)}.",
             fix=f"tieaudit retie {ckpt.path} OUT" if target and source else None,
@@ -201,8 +247,11 @@ def expected_findings(graph: AliasGraph, policy: Policy) -> Iterator[Finding]:
 def evaluate(graph: AliasGraph, policy: Policy) -> tuple[Finding, ...]:
     """Every finding of every rule, with policy severities and ignores applied, most severe first."""
     ckpt = graph.checkpoint
-    lookup = frozenset(name for name, uses in ckpt.consumers.items()
-                       if any(u.op_type == "Gather" and u.slot == 0 for u in uses))
+    lookup = frozenset(
+        name
+        for name, uses in ckpt.consumers.items()
+        if any(u.op_type == "Gather" and u.slot == 0 for u in uses)
+    )
     groups = find_copies(ckpt, policy.relations, policy.min_bytes, lookup)
     grouped = {frozenset((g.kept, m.name)) for g in groups for m in g.members}
     declared = {frozenset((s.tie.target, s.tie.source)) for s in graph.ties}
@@ -218,7 +267,17 @@ def evaluate(graph: AliasGraph, policy: Policy) -> tuple[Finding, ...]:
         if finding.rule in policy.ignore:
             continue
         severity = policy.severity.get(finding.rule, RULES[finding.rule].severity)
-        result.append(Finding(finding.rule, severity, finding.names, finding.message, finding.relation,
-                              finding.wasted_bytes, finding.fix, finding.details))
+        result.append(
+            Finding(
+                finding.rule,
+                severity,
+                finding.names,
+                finding.message,
+                finding.relation,
+                finding.wasted_bytes,
+                finding.fix,
+                finding.details,
+            )
+        )
     rank = {"error": 0, "warning": 1, "note": 2}
     return tuple(sorted(result, key=lambda f: (rank[f.severity], f.rule)))

@@ -74,7 +74,9 @@ def _parse_entry(name: str, entry: object, path: str) -> tuple[str, tuple[int, .
     if dtype_code not in SAFETENSORS_DTYPES:
         raise InputError(f"tensor {name!r} has unknown dtype {dtype_code!r}", path)
     shape = entry.get("shape")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
         raise InputError(f"tensor {name!r} has an invalid shape {shape!r}", path)
     offsets = entry.get("data_offsets")
     if (
@@ -96,9 +98,13 @@ def read_header(path: str, file: str) -> SafetensorsHeader:
                 raise InputError("truncated: shorter than the 8-byte header length", path)
             (header_len,) = struct.unpack("<Q", prefix)
             if header_len > MAX_HEADER_BYTES:
-                raise InputError(f"header length {header_len} exceeds the {MAX_HEADER_BYTES}-byte limit", path)
+                raise InputError(
+                    f"header length {header_len} exceeds the {MAX_HEADER_BYTES}-byte limit", path
+                )
             if 8 + header_len > size:
-                raise InputError(f"header length {header_len} runs past the end of the {size}-byte file", path)
+                raise InputError(
+                    f"header length {header_len} runs past the end of the {size}-byte file", path
+                )
             raw = handle.read(header_len)
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror or exc}", path) from exc
@@ -124,7 +130,8 @@ def read_header(path: str, file: str) -> SafetensorsHeader:
     for name, dtype, shape, begin, end in entries:
         if begin != expected_begin or end < begin:
             raise InputError(
-                f"tensor {name!r} data_offsets [{begin}, {end}] overlap or leave a gap (expected to start at {expected_begin})",
+                f"tensor {name!r} data_offsets [{begin}, {end}] overlap or leave a gap "
+                f"(expected to start at {expected_begin})",
                 path,
             )
         numel = 1
@@ -140,11 +147,15 @@ def read_header(path: str, file: str) -> SafetensorsHeader:
         storages[name] = StorageInfo(name, file, data_start + begin, end - begin, dtype)
         tensors.append(TensorInfo(name, dtype, shape, _contiguous_strides(shape), name, 0, file))
     if data_start + expected_begin > size:
-        raise InputError(f"truncated: tensors need {data_start + expected_begin} bytes, the file has {size}", path)
+        raise InputError(
+            f"truncated: tensors need {data_start + expected_begin} bytes, the file has {size}", path
+        )
     return SafetensorsHeader(tuple(tensors), storages, dict(metadata))
 
 
-def metadata_ties(metadata: dict[str, str], stored: set[str], where: str, declared_by: str) -> list[DeclaredTie]:
+def metadata_ties(
+    metadata: dict[str, str], stored: set[str], where: str, declared_by: str
+) -> list[DeclaredTie]:
     """``{dropped: kept}`` records (safetensors.torch.save_model's convention) as declared ties."""
     ties = []
     for dropped, kept in sorted(metadata.items()):

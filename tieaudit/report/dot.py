@@ -35,15 +35,17 @@ def render_dot(audit: Audit) -> str:
         storage = _quote("s:" + group.storage_id)
         label = f"storage {group.storage_id}\\n{human_bytes(group.nbytes)}"
         lines.append(f'  {storage} [shape=box, style=filled, fillcolor=lightblue, label="{label}"];')
-        for name in group.names:
-            lines.append(f"  {name_node(name)} -> {storage} [label={_quote(group.relation)}];")
+        lines.extend(
+            f"  {name_node(name)} -> {storage} [label={_quote(group.relation)}];" for name in group.names
+        )
     stored = ckpt.names
     for state in audit.graph.ties:
         target = name_node(state.tie.target, state.tie.target in stored)
         source = name_node(state.tie.source, state.tie.source in stored)
         color = "darkgreen" if state.shared_storage else "orange"
         lines.append(
-            f"  {target} -> {source} [style=dashed, color={color}, label={_quote('tied by ' + state.tie.declared_by)}];"
+            f"  {target} -> {source} [style=dashed, color={color}, "
+            f"label={_quote('tied by ' + state.tie.declared_by)}];"
         )
     for finding in audit.findings:
         first, *others = finding.names

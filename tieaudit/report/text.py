@@ -73,8 +73,13 @@ def _tensors_table(audit: Audit) -> tuple[Table, int]:
         table.add_column(column, justify="right" if column == "size" else "left")
     for tensor in shown:
         storage = tensor.storage_id + (" (shared)" if tensor.name in shared else "")
-        table.add_row(tensor.name, tensor.dtype, "x".join(map(str, tensor.shape)) or "scalar",
-                      human_bytes(tensor.nbytes), storage)
+        table.add_row(
+            tensor.name,
+            tensor.dtype,
+            "x".join(map(str, tensor.shape)) or "scalar",
+            human_bytes(tensor.nbytes),
+            storage,
+        )
     return table, len(tensors) - len(shown)
 
 
@@ -118,10 +123,13 @@ def render_check_text(result: CheckResult, fail_on: Severity, color: bool = Fals
         failing = audit.failing(fail_on)
         status = Text("FAIL", style="bold red") if failing else Text("ok", style="green")
         console.print(
-            status, Text(f" {audit.graph.checkpoint.path}  ({audit.graph.checkpoint.format}, "
-                         f"{summary['tensors']} tensors, {human_bytes(summary['bytes'])}"
-                         + (f", {human_bytes(summary['wasted_bytes'])} wasted" if summary["wasted_bytes"] else "")
-                         + ")"),
+            status,
+            Text(
+                f" {audit.graph.checkpoint.path}  ({audit.graph.checkpoint.format}, "
+                f"{summary['tensors']} tensors, {human_bytes(summary['bytes'])}"
+                + (f", {human_bytes(summary['wasted_bytes'])} wasted" if summary["wasted_bytes"] else "")
+                + ")"
+            ),
             soft_wrap=True,
         )
         for finding in audit.findings:
@@ -129,11 +137,16 @@ def render_check_text(result: CheckResult, fail_on: Severity, color: bool = Fals
                 Text(f"  {finding.rule} ", style="bold"),
                 Text(finding.severity, style=_SEVERITY_STYLE[finding.severity]),
                 Text(f" {finding.message}"),
-                highlight=False, soft_wrap=True,
+                highlight=False,
+                soft_wrap=True,
             )
             if finding.fix:
                 console.print(Text(f"      fix: {finding.fix}", style="dim"), highlight=False, soft_wrap=True)
     for error in result.errors:
-        console.print(Text("ERROR", style="bold red"), Text(f" {error.path}: {error.message}"),
-                      highlight=False, soft_wrap=True)
+        console.print(
+            Text("ERROR", style="bold red"),
+            Text(f" {error.path}: {error.message}"),
+            highlight=False,
+            soft_wrap=True,
+        )
     return buffer.getvalue()
