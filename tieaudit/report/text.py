@@ -67,19 +67,22 @@ def _tensors_table(audit: Audit) -> tuple[Table, int]:
     ckpt = audit.graph.checkpoint
     shared = {name for group in audit.graph.groups for name in group.names}
     tensors = sorted(ckpt.tensors, key=lambda t: -t.nbytes)
-    shown = tensors if len(tensors) <= MAX_TENSOR_ROWS else tensors[:MAX_TENSOR_ROWS]
+    shown = tensors[:MAX_TENSOR_ROWS]
+    # A storage column says something only where storages are shared (never in safetensors).
+    columns = ("name", "dtype", "shape", "size") + (("storage",) if shared else ())
     table = Table(title="Tensors (largest first)", title_justify="left")
-    for column in ("name", "dtype", "shape", "size", "storage"):
+    for column in columns:
         table.add_column(column, justify="right" if column == "size" else "left")
     for tensor in shown:
-        storage = tensor.storage_id + (" (shared)" if tensor.name in shared else "")
-        table.add_row(
+        cells = [
             tensor.name,
             tensor.dtype,
             "x".join(map(str, tensor.shape)) or "scalar",
             human_bytes(tensor.nbytes),
-            storage,
-        )
+        ]
+        if shared:
+            cells.append(tensor.storage_id + (" (shared)" if tensor.name in shared else ""))
+        table.add_row(*cells)
     return table, len(tensors) - len(shown)
 
 
