@@ -36,6 +36,7 @@ NAMES = [
     "hf_gpt2",
     "hf_llama_tied",
     "hf_llama_untied",
+    "hf_llama_cloned_head",
     "hf_t5",
     "hf_bert_mlm",
     "hf_albert_mlm",
