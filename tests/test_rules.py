@@ -7,12 +7,11 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+from conftest import Corpus
 from safetensors.numpy import save_file
 
 from tieaudit.audit import audit_path
 from tieaudit.policy import Policy
-
-from conftest import Corpus
 
 
 def tokenizer_json(size: int) -> str:
