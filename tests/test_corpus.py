@@ -13,48 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import FIXTURE_NAMES as NAMES
 from conftest import Corpus
 
 from tieaudit.cli import main
-
-NAMES = [
-    "torch_tied_lm",
-    "torch_untied_lm",
-    "torch_cloned_head",
-    "torch_transposed_copy",
-    "torch_fp16_copy",
-    "torch_transposed_view",
-    "torch_overlapping_views",
-    "torch_train_ckpt",
-    "torch_legacy_tied",
-    "torch_bf16_tied",
-    "st_save_model_tied",
-    "st_cloned_head",
-    "st_untied_lm",
-    "st_transposed_copy",
-    "st_cast_copy",
-    "hf_gpt2",
-    "hf_llama_tied",
-    "hf_llama_untied",
-    "hf_llama_cloned_head",
-    "hf_t5",
-    "hf_bert_mlm",
-    "hf_albert_mlm",
-    "hf_llama_diverged_head",
-    "hf_llama_lm_head_only",
-    "hf_llama_vocab_misaligned",
-    "hf_gpt2_sharded",
-    "hf_gpt2_bin",
-    "hub_sharded_tied",
-    "onnx_gpt2_tied_dynamo",
-    "onnx_gpt2_tied_dynamo_extdata",
-    "onnx_gpt2_tied_torchscript",
-    "onnx_gpt2_cloned_dynamo",
-    "onnx_helper_shared",
-    "onnx_helper_duplicate",
-    "onnx_helper_shared_external",
-    "onnx_helper_subgraph",
-]
 
 
 def model_path(corpus: Corpus, name: str) -> Path:
