@@ -82,6 +82,15 @@ def keep_rank(tensor: TensorInfo, order: int, lookup_names: frozenset[str]) -> t
     return (-itemsize(tensor.dtype), 0 if embedding_like else 1, order)
 
 
+def lookup_tables(ckpt: Checkpoint) -> frozenset[str]:
+    """Tensors used as lookup tables: the data input of an ONNX Gather (the embedding side)."""
+    return frozenset(
+        name
+        for name, uses in ckpt.consumers.items()
+        if any(u.op_type == "Gather" and u.slot == 0 for u in uses)
+    )
+
+
 def _views(ckpt: Checkpoint, min_bytes: int) -> list[TensorInfo]:
     """One tensor per distinct view, large enough to matter; aliases of one view are one candidate."""
     seen: set[tuple[object, ...]] = set()

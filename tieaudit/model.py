@@ -88,6 +88,10 @@ class DeclaredTie:
     """Who says so: config.json, safetensors metadata, the shard index, or the policy."""
     where: str
     """The file (and key) where the declaration was found."""
+    relation: str = "equal"
+    """equal; or, in tieaudit's own ``tieaudit.ties`` record, transposed or cast."""
+    dtype: str | None = None
+    """For a cast: the target's dtype (source cast to it gives target)."""
 
 
 @dataclass(frozen=True)

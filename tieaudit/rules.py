@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterator
 
 from tieaudit.compare import BlockComparer, difference, equal_bytes
-from tieaudit.detect import CopyGroup, find_copies
+from tieaudit.detect import CopyGroup, find_copies, lookup_tables
 from tieaudit.findings import RULES, Finding
 from tieaudit.graph import AliasGraph, TieState
 from tieaudit.model import Checkpoint, TensorInfo
@@ -247,12 +247,7 @@ def expected_findings(graph: AliasGraph, policy: Policy) -> Iterator[Finding]:
 def evaluate(graph: AliasGraph, policy: Policy) -> tuple[Finding, ...]:
     """Every finding of every rule, with policy severities and ignores applied, most severe first."""
     ckpt = graph.checkpoint
-    lookup = frozenset(
-        name
-        for name, uses in ckpt.consumers.items()
-        if any(u.op_type == "Gather" and u.slot == 0 for u in uses)
-    )
-    groups = find_copies(ckpt, policy.relations, policy.min_bytes, lookup)
+    groups = find_copies(ckpt, policy.relations, policy.min_bytes, lookup_tables(ckpt))
     grouped = {frozenset((g.kept, m.name)) for g in groups for m in g.members}
     declared = {frozenset((s.tie.target, s.tie.source)) for s in graph.ties}
     found = [

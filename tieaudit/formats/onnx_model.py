@@ -20,7 +20,8 @@ from tieaudit.dtypes import itemsize
 from tieaudit.errors import InputError
 from tieaudit.formats.interface import Reader
 from tieaudit.formats.onnx_external import confine, parse_entries
-from tieaudit.model import Checkpoint, Consumer, Skipped, StorageInfo, TensorInfo
+from tieaudit.formats.safetensors import TIES_METADATA_KEY, tieaudit_ties
+from tieaudit.model import Checkpoint, Consumer, DeclaredTie, Skipped, StorageInfo, TensorInfo
 
 if TYPE_CHECKING:
     from onnx import GraphProto, ModelProto, NodeProto, TensorProto
@@ -301,7 +302,7 @@ class _Collector:
             for sub_path, subgraph in _subgraphs(node, prefix + node_name):
                 self.walk(subgraph, sub_path, scope)
 
-    def checkpoint(self) -> Checkpoint:
+    def checkpoint(self, declared: tuple[DeclaredTie, ...] = ()) -> Checkpoint:
         """The Checkpoint gathered so far."""
         return Checkpoint(
             path=self.path,
@@ -313,6 +314,7 @@ class _Collector:
             aliases=self.aliases,
             skipped=tuple(self.skipped),
             files=tuple(self.files),
+            declared_ties=declared,
         )
 
 
@@ -328,4 +330,7 @@ class OnnxReader(Reader):
         model = load_model(path)
         collector = _Collector(path)
         collector.walk(model.graph, "", ChainMap())
-        return collector.checkpoint()
+        # tieaudit retie records the copies it removed (and how to restore them) in metadata_props.
+        record = next((p.value for p in model.metadata_props if p.key == TIES_METADATA_KEY), None)
+        where = f"{os.path.basename(path)}:metadata_props"
+        return collector.checkpoint(tuple(tieaudit_ties(record, where, "metadata")))

@@ -13,10 +13,10 @@ import struct
 from dataclasses import dataclass
 
 from tieaudit.bytestore import ByteStore
-from tieaudit.dtypes import itemsize
+from tieaudit.dtypes import ITEMSIZE, itemsize
 from tieaudit.errors import InputError
 from tieaudit.formats.interface import Reader
-from tieaudit.model import Checkpoint, DeclaredTie, StorageInfo, TensorInfo
+from tieaudit.model import Checkpoint, DeclaredBy, DeclaredTie, StorageInfo, TensorInfo
 
 MAX_HEADER_BYTES = 100_000_000  # the limit safetensors itself enforces
 
@@ -154,14 +154,48 @@ def read_header(path: str, file: str) -> SafetensorsHeader:
 
 
 def metadata_ties(
-    metadata: dict[str, str], stored: set[str], where: str, declared_by: str
+    metadata: dict[str, str], stored: set[str], where: str, declared_by: DeclaredBy
 ) -> list[DeclaredTie]:
-    """``{dropped: kept}`` records (safetensors.torch.save_model's convention) as declared ties."""
+    """``{dropped: kept}`` records (safetensors.torch.save_model's convention) as declared ties,
+    plus tieaudit's own ``tieaudit.ties`` record (JSON) for transposed and cast relations."""
     ties = []
     for dropped, kept in sorted(metadata.items()):
         # Other metadata ("format": "pt", ...) names no stored tensor; a tie record always does.
         if kept in stored and dropped != kept:
-            ties.append(DeclaredTie(dropped, kept, declared_by, where))  # type: ignore[arg-type]
+            ties.append(DeclaredTie(dropped, kept, declared_by, where))
+    ties.extend(tieaudit_ties(metadata.get(TIES_METADATA_KEY), where, declared_by))
+    return ties
+
+
+def tieaudit_ties(record: str | None, where: str, declared_by: DeclaredBy) -> list[DeclaredTie]:
+    """Parse a ``tieaudit.ties`` record: ``{dropped: {"source", "relation", "dtype"}}``."""
+    if record is None:
+        return []
+    try:
+        entries = json.loads(record)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{TIES_METADATA_KEY} is not valid JSON ({exc})", where) from exc
+    if not isinstance(entries, dict):
+        raise InputError(f"{TIES_METADATA_KEY} must be a JSON object", where)
+    ties = []
+    for dropped, entry in sorted(entries.items()):
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("source"), str)
+            or entry.get("relation") not in ("equal", "transposed", "cast")
+            or (entry["relation"] == "cast" and entry.get("dtype") not in ITEMSIZE)
+        ):
+            raise InputError(f"{TIES_METADATA_KEY} entry for {dropped!r} is malformed", where)
+        ties.append(
+            DeclaredTie(
+                dropped,
+                entry["source"],
+                declared_by,
+                f"{where}:{TIES_METADATA_KEY}",
+                entry["relation"],
+                entry.get("dtype"),
+            )
+        )
     return ties
 
 
