@@ -32,6 +32,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/detect.py
+	$(PY) bench/retie.py
 
 clean:
 	rm -rf demo fixtures/generated bench/out .pytest_cache .mypy_cache .ruff_cache

@@ -1,4 +1,4 @@
-"""Build a small real checkpoint with a tie problem, then run tieaudit on it.
+"""Build a small real checkpoint with a tie problem, then inspect, check and retie it.
 
 A tiny GPT-2 (random init, from a config) is saved the way a careless conversion does it: the
 lm_head is cloned instead of tied, so the file holds the embedding twice.
@@ -44,7 +44,16 @@ def main() -> int:
     print(f"(alias graph written to {dot}; render it with: dot -Tsvg {dot} > ties.svg)")
     code = run("check", path)
     print(f"(check exited {code}: 1 means findings at or above --fail-on, as a CI gate wants)")
-    return 0 if code == 1 else 1
+    if code != 1:
+        return 1
+    fixed = os.path.join(folder, "gpt2-tied.safetensors")
+    if os.path.exists(fixed):
+        os.unlink(fixed)
+    if run("retie", path, "--dry-run") != 0 or run("retie", path, fixed) != 0:
+        return 1
+    after = run("check", fixed)
+    print(f"(check of the retied file exited {after}; {os.path.getsize(path)} -> {os.path.getsize(fixed)} bytes)")
+    return 0 if after == 0 else 1
 
 
 if __name__ == "__main__":

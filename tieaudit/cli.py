@@ -212,6 +212,90 @@ def check(
         raise click.exceptions.Exit(code)
 
 
+def _relations(value: str | None) -> frozenset[str] | None:
+    if value is None:
+        return None
+    chosen = frozenset(part.strip() for part in value.split(",") if part.strip())
+    unknown = chosen - {"equal", "transposed", "cast"}
+    if unknown or not chosen:
+        raise click.BadParameter(f"use a comma-separated subset of equal,transposed,cast (not {value!r})")
+    return chosen
+
+
+@cli.command()
+@click.argument("source", metavar="IN", type=click.Path())
+@click.argument("out", metavar="OUT", type=click.Path())
+@click.option("--dry-run", is_flag=True, help="Print the plan and the bytes saved; write nothing.")
+@click.option(
+    "--keep",
+    metavar="NAME",
+    default=None,
+    help="Keep this name's bytes (default: the widest dtype, then the input-embedding side: "
+    "embed_tokens, wte, shared, word_embeddings, the ONNX Gather input).",
+)
+@click.option(
+    "--relations",
+    metavar="LIST",
+    default=None,
+    help="Copies to re-tie: a subset of equal,transposed,cast. [default: what the format's "
+    "own loaders restore: equal everywhere, plus transposed in .pt and ONNX]",
+)
+@click.option("--in-place", is_flag=True, help="Allow OUT to be IN; the original is kept as IN.bak.")
+@click.option(
+    "--min-size",
+    type=click.IntRange(min=0),
+    default=1024,
+    show_default=True,
+    help="Tensors smaller than this many bytes are never copy candidates.",
+)
+@user_errors
+def retie(
+    source: str,
+    out: str,
+    dry_run: bool,
+    keep: str | None,
+    relations: str | None,
+    in_place: bool,
+    min_size: int,
+) -> None:
+    """Turn copies back into one stored tensor, verified bit for bit, written atomically.
+
+    Each copy keeps one stored tensor; the others are recorded so that loaders restore them:
+
+    \b
+    - safetensors: dropped names as {dropped: kept} in __metadata__ (the convention of
+      safetensors.torch.save_model); transposed and cast copies under the tieaudit.ties
+      key, restored only by tieaudit.load_tied, so they need --relations.
+    - Hugging Face folders: shards and index rewritten; config.json tie_word_embeddings
+      set true when the word-embedding pair is re-tied.
+    - .pt: dropped names reference the kept tensor (a transposed copy becomes its .t()
+      view), so torch.load returns one storage; everything else is preserved.
+    - ONNX: consumers re-pointed to the kept initializer; a transposed copy becomes a
+      Transpose node (MatMul->Gemm would need 2-D inputs). The file stores the matrix
+      once; ONNX Runtime's constant folding may materialise the transpose again at
+      session creation (tieaudit runtime measures it). External data goes to OUT.data.
+
+    The output is written beside OUT, read back and compared with the input name by
+    name, fsynced, then renamed into place. IN is never modified (with --in-place it
+    becomes IN.bak). Exit 0 written and verified (or a dry-run plan); 2 otherwise,
+    with OUT not created.
+
+    \b
+    Examples:
+      tieaudit retie model.safetensors model-tied.safetensors --dry-run
+      tieaudit retie ./llama ./llama-tied
+      tieaudit retie model.onnx model-tied.onnx
+      tieaudit retie ckpt.safetensors out.safetensors --relations equal,transposed,cast
+    """
+    from tieaudit.repair.retie import retie as run_retie
+    from tieaudit.report.plan import render_plan
+
+    result = run_retie(source, out, _relations(relations), keep, dry_run, in_place, min_size)
+    click.echo(render_plan(result), nl=False, err=not dry_run)
+    if dry_run:
+        return
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point."""
     try:
