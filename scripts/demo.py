@@ -52,7 +52,10 @@ def main() -> int:
     if run("retie", path, "--dry-run") != 0 or run("retie", path, fixed) != 0:
         return 1
     after = run("check", fixed)
-    print(f"(check of the retied file exited {after}; {os.path.getsize(path)} -> {os.path.getsize(fixed)} bytes)")
+    print(
+        f"(check of the retied file exited {after}; "
+        f"{os.path.getsize(path)} -> {os.path.getsize(fixed)} bytes)"
+    )
     return 0 if after == 0 else 1
 
 
