@@ -11,6 +11,7 @@ from tieaudit.findings import RULES, Finding
 from tieaudit.graph import AliasGraph, TieState
 from tieaudit.model import Checkpoint, TensorInfo
 from tieaudit.policy import Policy
+from tieaudit.repair.plan import DEFAULT_RELATIONS, REPRESENTABLE
 from tieaudit.units import human_bytes
 
 OUTPUT_BIAS_SUFFIXES = ("lm_head.bias", "final_logits_bias", "predictions.bias")
@@ -25,12 +26,17 @@ EMBEDDING_SUFFIXES = (
 OUTPUT_SUFFIXES = ("lm_head.weight", "predictions.decoder.weight", "output.weight")
 
 
-def _fix(path: str, relation: str) -> str:
-    trimmed = path.rstrip("/") or path
+def _fix(ckpt: Checkpoint, relation: str) -> str:
+    """The retie command for this copy, with --relations only where the format needs it."""
+    if relation not in REPRESENTABLE[ckpt.format]:
+        return (
+            f"a {ckpt.format} file cannot record a {relation} copy; derive it from the wider tensor on load"
+        )
+    trimmed = ckpt.path.rstrip("/") or ckpt.path
     stem, ext = os.path.splitext(os.path.basename(trimmed))
     out = os.path.join(os.path.dirname(trimmed), f"{stem}-retied{ext}")
-    extra = f" --relations equal,{relation}" if relation in ("transposed", "cast") else ""
-    return f"tieaudit retie {path} {out}{extra}"
+    extra = "" if relation in DEFAULT_RELATIONS[ckpt.format] else f" --relations equal,{relation}"
+    return f"tieaudit retie {ckpt.path} {out}{extra}"
 
 
 def copy_findings(
@@ -64,7 +70,7 @@ def copy_findings(
                 + tied_note,
                 relation=relation,
                 wasted_bytes=wasted,
-                fix=_fix(ckpt.path, relation),
+                fix=_fix(ckpt, relation),
             )
 
 
@@ -124,7 +130,7 @@ def _compare_declared(
             f"({human_bytes(target.nbytes)} wasted).",
             relation="equal",
             wasted_bytes=target.nbytes,
-            fix=_fix(ckpt.path, "equal"),
+            fix=_fix(ckpt, "equal"),
         )
         return
     max_abs, fraction = difference(ckpt, target, source)

@@ -1,0 +1,143 @@
+"""Writes a .pt checkpoint whose copies are views of the kept tensor again (the torch extra).
+
+The input is loaded with ``torch.load(weights_only=True)``, so no pickle code runs; a zip archive
+is memory-mapped, a legacy (pre-1.6) file cannot be and is read into memory. Each dropped entry is
+replaced in its container by the kept tensor itself (equal) or by ``kept.t()`` (transposed), so
+``torch.save`` writes the kept storage once and ``torch.load`` gives one storage back. Everything
+else (optimizer state, epoch, nested containers, non-tensor leaves) is saved as loaded. The output
+is always torch.save's zip format, also when the input was a legacy file.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+from tieaudit.errors import InputError
+from tieaudit.formats.torch_file import ROOT_NAME, ZIP_MAGIC
+from tieaudit.formats.torch_file import _key_name as key_name  # the reader's naming, shared on purpose
+from tieaudit.model import Checkpoint
+from tieaudit.repair.interface import Writer
+from tieaudit.repair.plan import Decision, RetiePlan
+
+VisitLeaf = Callable[[str, Any], Any]
+"""Called with each leaf's dotted name and value; returns the value to put in its place."""
+
+
+def load_weights(path: str) -> Any:
+    """torch.load with weights_only, memory-mapped when the file is a zip archive."""
+    import torch
+
+    with open(path, "rb") as handle:
+        zipped = handle.read(len(ZIP_MAGIC)) == ZIP_MAGIC
+    try:
+        return torch.load(path, weights_only=True, mmap=zipped, map_location="cpu")
+    except (pickle.UnpicklingError, RuntimeError, ValueError, EOFError) as exc:
+        detail = (str(exc).splitlines() or [""])[0][:200]
+        raise InputError(f"torch.load(weights_only=True) cannot load it ({detail})", path) from None
+
+
+def _is_container(torch: Any, value: object) -> bool:
+    # The reader keeps torch.Size as one opaque leaf, so it is not walked here either.
+    return isinstance(value, (dict, list, tuple)) and not isinstance(value, torch.Size)
+
+
+def walk_leaves(torch: Any, root: Any, visit: VisitLeaf) -> Any:
+    """Visit every leaf under the reader's dotted name, in pickle order; returns the new root.
+
+    Dicts and lists are updated in place; a tuple holding a replaced leaf is rebuilt (the reader
+    admits no tuple type but plain tuples and torch.Size, which is a leaf).
+    """
+
+    def walk(name: str, value: Any) -> Any:
+        if not _is_container(torch, value):
+            return visit(name or ROOT_NAME, value)
+        if isinstance(value, dict):
+            for key, item in list(value.items()):
+                new = walk(f"{name}.{key_name(key)}" if name else key_name(key), item)
+                if new is not item:
+                    value[key] = new
+            return value
+        items = [walk(f"{name}.{index}" if name else str(index), item) for index, item in enumerate(value)]
+        changed = [index for index, (new, old) in enumerate(zip(items, value, strict=True)) if new is not old]
+        if isinstance(value, list):
+            for index in changed:
+                value[index] = items[index]
+            return value
+        return tuple(items) if changed else value
+
+    return walk("", root)
+
+
+def named_tensors(torch: Any, root: Any) -> dict[str, Any]:
+    """Tensors by dotted name; a name used twice names its first leaf only, as in the reader."""
+    seen: set[str] = set()
+    tensors: dict[str, Any] = {}
+
+    def record(name: str, value: Any) -> Any:
+        if name not in seen and isinstance(value, torch.Tensor):
+            tensors[name] = value
+        seen.add(name)
+        return value
+
+    walk_leaves(torch, root, record)
+    return tensors
+
+
+def stand_in(torch: Any, kept: Any, dropped: Any, transposed: bool) -> Any:
+    """What takes the dropped entry's place: kept itself, or its transpose as a view of its storage.
+
+    The entry's type and requires_grad stay as they were: a Parameter stays a Parameter (sharing
+    kept's storage), a plain tensor of a state dict stays a plain tensor.
+    """
+    view = kept.detach().t() if transposed else kept
+    if type(view) is type(dropped) and view.requires_grad == dropped.requires_grad:
+        return view
+    if isinstance(dropped, torch.nn.Parameter):
+        return torch.nn.Parameter(view.detach(), requires_grad=dropped.requires_grad)
+    return view.detach().requires_grad_(dropped.requires_grad)
+
+
+def _check(decision: Decision, tensors: dict[str, Any], path: str) -> None:
+    assert decision.relation != "cast", "a cast copy cannot be a view in .pt (REPRESENTABLE excludes it)"
+    assert decision.transposed == (decision.relation == "transposed"), decision
+    for name in (decision.kept, decision.dropped):
+        if name not in tensors:
+            raise InputError(f"torch.load gives no tensor named {name!r}, which the reader found", path)
+    kept, dropped = tensors[decision.kept], tensors[decision.dropped]
+    shape = tuple(reversed(kept.shape)) if decision.transposed else tuple(kept.shape)
+    if (shape, kept.dtype) != (tuple(dropped.shape), dropped.dtype):
+        raise InputError(f"{decision.dropped} and {decision.kept} differ in shape or dtype in torch", path)
+
+
+def retied(torch: Any, root: Any, plan: RetiePlan, path: str) -> Any:
+    """root with every applied decision's dropped entry replaced by its stand-in."""
+    tensors = named_tensors(torch, root)
+    replacements: dict[str, Any] = {}
+    for decision in plan.applied:
+        _check(decision, tensors, path)
+        kept, dropped = tensors[decision.kept], tensors[decision.dropped]
+        replacements[decision.dropped] = stand_in(torch, kept, dropped, decision.transposed)
+    seen: set[str] = set()
+
+    def replace(name: str, value: Any) -> Any:
+        first = name not in seen
+        seen.add(name)
+        return replacements[name] if first and name in replacements else value
+
+    return walk_leaves(torch, root, replace)
+
+
+class TorchWriter(Writer):
+    """torch.save output: dropped names reference the kept tensor's storage."""
+
+    format = "torch"
+
+    def write(self, ckpt: Checkpoint, plan: RetiePlan, out: str) -> list[str]:
+        """Load ckpt with weights_only, re-tie the plan's copies, torch.save to out (zip format)."""
+        import torch
+
+        root = load_weights(ckpt.path)
+        torch.save(retied(torch, root, plan, ckpt.path), out)
+        return [out]
