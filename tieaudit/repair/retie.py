@@ -121,7 +121,8 @@ def retie(
         backup = _backup_name(out) if in_place else None
     with open_checkpoint(source) as ckpt:
         plan = make_plan(build_graph(ckpt), relations, keep, min_bytes)
-        input_bytes = _size(source)
+        root = source if os.path.isdir(source) else os.path.dirname(os.path.abspath(source))
+        input_bytes = sum(_size(os.path.join(root, f)) for f in ckpt.files) if ckpt.files else _size(source)
         if dry_run:
             return RetieResult(plan, None, None, input_bytes, 0)
         stage = _stage_name(out)
