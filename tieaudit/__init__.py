@@ -2,4 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 __version__ = "0.1.0"
+__all__ = ["load_tied"]
+
+
+def __getattr__(name: str) -> Any:
+    """``tieaudit.load_tied`` without importing torch (or anything) at ``import tieaudit``."""
+    if name == "load_tied":
+        from tieaudit.load import load_tied
+
+        return load_tied
+    raise AttributeError(f"module 'tieaudit' has no attribute {name!r}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 import numpy as np
@@ -161,17 +162,19 @@ class Checkpoint:
     files: tuple[str, ...] = ()
     """Every file read, relative to the checkpoint folder."""
 
+    @cached_property
+    def _by_name(self) -> dict[str, TensorInfo]:
+        # cached_property writes the instance __dict__ directly, which a frozen dataclass allows.
+        return {t.name: t for t in self.tensors}
+
     def tensor(self, name: str) -> TensorInfo:
         """The tensor stored under name (KeyError when absent)."""
-        for tensor in self.tensors:
-            if tensor.name == name:
-                return tensor
-        raise KeyError(name)
+        return self._by_name[name]
 
     @property
     def names(self) -> frozenset[str]:
         """Every stored tensor name."""
-        return frozenset(t.name for t in self.tensors)
+        return frozenset(self._by_name)
 
     def array(self, tensor: TensorInfo) -> np.ndarray:
         """A read-only, zero-copy numpy view of the tensor's elements."""

@@ -124,6 +124,45 @@ def _declared_equal_groups(graph: AliasGraph, covered: set[str]) -> list[CopyGro
     return groups
 
 
+def _loader_pairs(ckpt: Checkpoint) -> set[frozenset[str]] | None:
+    """For a Hugging Face folder: the pairs from_pretrained re-ties by itself (the model class's
+    ties with the flag set). None for formats whose loaders restore any recorded copy."""
+    if ckpt.format != "hf-dir":
+        return None
+    from tieaudit.formats.hf_dir import read_config
+    from tieaudit.repair.hf_writer import class_pairs
+
+    config, _ = read_config(ckpt.path)
+    return {frozenset(pair) for pair in class_pairs(ckpt, config or {})}
+
+
+def _reason(
+    member: CopyMember,
+    kept: str,
+    ckpt: Checkpoint,
+    chosen: frozenset[str],
+    explicit: bool,
+    loader_pairs: set[frozenset[str]] | None,
+) -> str:
+    """Why a copy is left as it is ('' when it is re-tied)."""
+    if member.relation not in REPRESENTABLE[ckpt.format]:
+        return f"a {member.relation} copy cannot be represented in {ckpt.format}; both stay stored"
+    if member.relation not in chosen:
+        if explicit:
+            return f"{member.relation} not in --relations"
+        return _WHY_NOT_DEFAULT.get(member.relation, f"{member.relation} not in --relations")
+    if (
+        loader_pairs is not None
+        and member.relation == "equal"
+        and frozenset((kept, member.name)) not in loader_pairs
+    ):
+        return (
+            "from_pretrained restores a dropped name only through the model class's own ties, and the "
+            "class does not tie these two: the copy would come back randomly initialised"
+        )
+    return ""
+
+
 def make_plan(
     graph: AliasGraph,
     relations: frozenset[str] | None = None,
@@ -140,16 +179,11 @@ def make_plan(
         if not any(keep in g.names for g in groups):
             raise UsageError(f"--keep {keep}: no copy group holds that name")
         groups = [_rekeep(g, keep, ckpt) if keep in g.names else g for g in groups]
+    loader_pairs = _loader_pairs(ckpt)
     decisions = []
     for group in groups:
         for member in group.members:
-            reason = ""
-            if member.relation not in REPRESENTABLE[ckpt.format]:
-                reason = f"a {member.relation} copy cannot be represented in {ckpt.format}; both stay stored"
-            elif member.relation not in chosen:
-                reason = _WHY_NOT_DEFAULT.get(member.relation, f"{member.relation} not in --relations")
-                if relations is not None:
-                    reason = f"{member.relation} not in --relations"
+            reason = _reason(member, group.kept, ckpt, frozenset(chosen), relations is not None, loader_pairs)
             decisions.append(
                 Decision(
                     group.kept,

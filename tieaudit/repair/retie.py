@@ -80,8 +80,24 @@ def _check_paths(source: str, out: str, in_place: bool) -> None:
 
 
 def _stage_name(out: str) -> str:
+    """A staging folder beside OUT; stale ones from killed runs (dead pid) are removed first."""
     folder, base = os.path.split(os.path.abspath(out))
-    return os.path.join(folder, f".{base}.tieaudit-stage-{os.getpid()}")
+    prefix = f".{base}.tieaudit-stage-"
+    for entry in os.listdir(folder):
+        pid = entry[len(prefix) :]
+        if entry.startswith(prefix) and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(folder, entry), ignore_errors=True)
+    return os.path.join(folder, f"{prefix}{os.getpid()}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _publish(stage: str, out: str, backup: str | None) -> None:
@@ -121,8 +137,10 @@ def retie(
         backup = _backup_name(out) if in_place else None
     with open_checkpoint(source) as ckpt:
         plan = make_plan(build_graph(ckpt), relations, keep, min_bytes)
-        root = source if os.path.isdir(source) else os.path.dirname(os.path.abspath(source))
-        input_bytes = sum(_size(os.path.join(root, f)) for f in ckpt.files) if ckpt.files else _size(source)
+        # A folder is measured whole, like the output folder; a file with its external data.
+        root = os.path.dirname(os.path.abspath(source))
+        single = not os.path.isdir(source) and ckpt.files
+        input_bytes = sum(_size(os.path.join(root, f)) for f in ckpt.files) if single else _size(source)
         if dry_run:
             return RetieResult(plan, None, None, input_bytes, 0)
         stage = _stage_name(out)

@@ -42,3 +42,12 @@ def verify_output(original: Checkpoint, out: str) -> None:
                 raise VerificationError(f"{tensor.name} comes back as {value.dtype}, not {tensor.dtype}", out)
             if not same_values(original.array(tensor), value, comparer):
                 raise VerificationError(f"{tensor.name} differs from the input after writing", out)
+            _release(original, tensor.name)
+            _release(written, source.name)
+
+
+def _release(ckpt: Checkpoint, name: str) -> None:
+    """Give back the pages just compared, so verification's memory stays bounded per tensor."""
+    tensor = ckpt.tensor(name)
+    begin, end = tensor.byte_span()
+    ckpt.store.drop(ckpt.storages[tensor.storage_id], begin, end)

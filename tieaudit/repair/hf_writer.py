@@ -1,0 +1,244 @@
+"""retie for Hugging Face model folders: weight files and index rewritten, everything else copied.
+
+Dropped names leave the weight files and the index ``weight_map``; each is recorded where the
+readers look: ``{dropped: kept}`` (and ``tieaudit.ties`` for transposed or cast copies) in the
+index ``metadata`` for a sharded folder (huggingface_hub's convention), else in the
+``__metadata__`` of the file holding the kept tensor. When the re-tied pair is the one the
+model class ties under ``tie_word_embeddings``, config.json gets the flag set true so that
+transformers ties it again on load; an equal copy the class does not tie is refused, as
+transformers would load it randomly initialised. Other files are copied byte for byte (link targets are
+copied, never links, and only from inside the folder).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from tieaudit.errors import UnsafeInputError, UnsupportedFormatError, UsageError
+from tieaudit.formats.hf_dir import CONFIG, WeightSet, confined_path, find_weights, load_json, read_config
+from tieaudit.formats.hf_ties import TIE_FLAG, config_ties
+from tieaudit.formats.safetensors import read_header
+from tieaudit.model import Checkpoint, TensorInfo
+from tieaudit.repair.interface import Writer
+from tieaudit.repair.plan import RetiePlan
+from tieaudit.repair.safetensors_writer import (
+    TieRecord,
+    decision_records,
+    rebase,
+    record_metadata,
+    split_metadata,
+    string_metadata,
+)
+from tieaudit.repair.st_stream import write_safetensors
+
+_BIN_REFUSED = "retie of pytorch_model.bin folders is not supported yet; convert to safetensors first"
+
+
+def side_files(folder: str, skip: Iterable[str]) -> list[str]:
+    """Every file of the folder (relative, ``/``-separated) except skip; refuses linked subfolders."""
+    skipped = set(skip)
+    found = []
+    for root, dirs, files in os.walk(folder):
+        for name in dirs:
+            if os.path.islink(os.path.join(root, name)):
+                rel = os.path.relpath(os.path.join(root, name), folder)
+                raise UnsafeInputError(f"{rel} is a link to a folder; retie copies files only", folder)
+        for name in files:
+            rel = os.path.relpath(os.path.join(root, name), folder).replace(os.sep, "/")
+            if rel not in skipped:
+                found.append(rel)
+    return sorted(found)
+
+
+def copy_file(folder: str, rel: str, out: str) -> str:
+    """Copy one file's content (a link's target, confined to the folder) to out/rel."""
+    source = confined_path(folder, rel)
+    target = os.path.join(out, rel)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    shutil.copyfile(source, target)
+    return target
+
+
+def write_json(path: str, value: object) -> str:
+    """Write value as indented JSON (the layout transformers writes) at a new path."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "x", encoding="utf-8") as handle:
+        handle.write(json.dumps(value, indent=2) + "\n")
+    return path
+
+
+def file_tensors(ckpt: Checkpoint, file: str, dropped: set[str]) -> list[TensorInfo]:
+    """The tensors of one weight file that the output keeps, in stored order."""
+    return [t for t in ckpt.tensors if t.file == file and t.name not in dropped]
+
+
+FileMetadata = dict[str, tuple[dict[str, object], list[TieRecord]]]
+"""Weight file -> (its metadata entries that are not tie records, its tie records re-pointed)."""
+
+
+def file_metadata(ckpt: Checkpoint, weights: WeightSet, applied: list[TieRecord]) -> FileMetadata:
+    """Each weight file's own ``__metadata__``, its tie records re-pointed past dropped names."""
+    found: FileMetadata = {}
+    for file in weights.files:
+        metadata = read_header(confined_path(ckpt.path, file), file).metadata
+        names = [t.name for t in ckpt.tensors if t.file == file]
+        plain, existing = split_metadata(metadata, names, file)
+        found[file] = (plain, rebase(existing, applied))
+    return found
+
+
+def place_records(
+    ckpt: Checkpoint, weights: WeightSet, per_file: FileMetadata, applied: list[TieRecord]
+) -> tuple[dict[str, list[TieRecord]], list[TieRecord]]:
+    """(records per weight file, records for the index).
+
+    Without an index every record goes to the file holding its kept name (where the readers
+    look); with one, a file keeps the records it had while their kept name is still its own, and
+    everything else goes to the index (huggingface_hub's convention).
+    """
+    dropped = {r.dropped for r in applied}
+    holder = {t.name: t.file for t in ckpt.tensors if t.name not in dropped}
+
+    def held_by(records: Iterable[TieRecord], file: str) -> list[TieRecord]:
+        return [r for r in records if holder.get(r.kept) == file]
+
+    if weights.index is None:
+        every = [r for _, records in per_file.values() for r in records] + applied
+        return {file: held_by(every, file) for file in weights.files}, []
+    placed = {file: held_by(records, file) for file, (_, records) in per_file.items()}
+    moved = [r for file, (_, records) in per_file.items() for r in records if r not in placed[file]]
+    return placed, moved + applied
+
+
+def rewrite_weights(
+    ckpt: Checkpoint, weights: WeightSet, applied: list[TieRecord], out: str
+) -> tuple[list[str], list[TieRecord]]:
+    """Write every weight file that still holds a tensor; returns (files written, records for the index)."""
+    per_file = file_metadata(ckpt, weights, applied)
+    placed, for_index = place_records(ckpt, weights, per_file, applied)
+    dropped = {r.dropped for r in applied}
+    written = []
+    for file in weights.files:
+        tensors = file_tensors(ckpt, file, dropped)
+        if not tensors:
+            continue  # every tensor of this shard was a copy: the shard is not written at all
+        metadata = string_metadata(record_metadata(per_file[file][0], placed[file]))
+        target = os.path.join(out, file)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        write_safetensors(target, ckpt, tensors, metadata)
+        written.append(target)
+    return written, for_index
+
+
+def rewrite_index(ckpt: Checkpoint, index: str, records: list[TieRecord], names: set[str], out: str) -> str:
+    """The index without the dropped names, with the tie records and updated totals in ``metadata``."""
+    raw: dict[str, Any] = dict(load_json(ckpt.path, index))
+    dropped = [ckpt.tensor(name) for name in sorted(names)]
+    raw["weight_map"] = {k: v for k, v in raw["weight_map"].items() if k not in names}
+    plain, existing = split_metadata(raw.get("metadata") or {}, ckpt.names, index)
+    totals = {"total_size": sum(t.nbytes for t in dropped), "total_parameters": sum(t.numel for t in dropped)}
+    for key, less in totals.items():
+        value = plain.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            plain[key] = value - less
+    by_dropped = {r.dropped: r for r in [*rebase(existing, records), *records]}
+    raw["metadata"] = record_metadata(plain, by_dropped.values())
+    return write_json(os.path.join(out, index), raw)
+
+
+def _with_flag(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of config with the flag set true at the top and where ``text_config`` states it."""
+    edited = copy.deepcopy(dict(config))
+    edited[TIE_FLAG] = True
+    nested = edited.get("text_config")
+    if isinstance(nested, dict) and TIE_FLAG in nested:
+        nested[TIE_FLAG] = True
+    return edited
+
+
+def class_pairs(ckpt: Checkpoint, config: Mapping[str, Any]) -> set[tuple[str, str]]:
+    """``(target, source)`` pairs the model class ties when the flag is true (empty: unresolved)."""
+    ties, _ = config_ties(_with_flag(config), os.path.join(ckpt.path, CONFIG))
+    return {(t.target, t.source) for t in ties}
+
+
+def refuse_unrestorable(ckpt: Checkpoint, applied: list[TieRecord], pairs: set[tuple[str, str]]) -> None:
+    """transformers restores a dropped name only through the class's own ties: an equal copy that
+    is not one of them would come back randomly initialised, so it is refused rather than written.
+    (Transposed and cast copies are applied only on request, for tieaudit.load_tied.)"""
+    for record in applied:
+        if (
+            record.relation == "equal"
+            and not {(record.dropped, record.kept), (record.kept, record.dropped)} & pairs
+        ):
+            raise UsageError(
+                f"{record.dropped} is an equal copy of {record.kept}, but the model class in {CONFIG} does "
+                "not tie them (or is not known): transformers would initialise it randomly on load, "
+                "so it is not re-tied here",
+                ckpt.path,
+            )
+
+
+def retied_config(
+    ckpt: Checkpoint, config: Mapping[str, Any], applied: list[TieRecord]
+) -> dict[str, Any] | None:
+    """config with the flag set, when an equal re-tie is a pair the class ties and the config does
+    not tie yet; None when config.json stays as it is.
+
+    Refuses what transformers would not restore (``refuse_unrestorable``), and a flag that would
+    also tie another pair of the class whose names both stay stored (values not proven equal).
+    """
+    pairs = class_pairs(ckpt, config)
+    refuse_unrestorable(ckpt, applied, pairs)
+    current = {(t.target, t.source) for t in ckpt.declared_ties if t.declared_by == "config"}
+    retied = {(r.dropped, r.kept) for r in applied if r.relation == "equal"}
+    hits = {p for p in pairs if p in retied or p[::-1] in retied}
+    if not hits or hits <= current:
+        return None
+    stored = ckpt.names - {r.dropped for r in applied}
+    for target, source in sorted(pairs - current - hits):
+        if target in stored and source in stored:
+            raise UsageError(
+                f"setting {TIE_FLAG} in {CONFIG} would also tie {target} to {source}, which both stay "
+                "stored and were not found equal; re-tie them too or edit the config yourself",
+                ckpt.path,
+            )
+    return _with_flag(config)
+
+
+def _folders(out: str) -> list[str]:
+    """out and its subfolders, deepest first, so their entries are fsynced too."""
+    found = [root for root, _, _ in os.walk(out)]
+    return sorted(found, key=len, reverse=True)
+
+
+class HfDirWriter(Writer):
+    """Hugging Face model folders whose weights are safetensors (single, sharded or loose)."""
+
+    format = "hf-dir"
+
+    def write(self, ckpt: Checkpoint, plan: RetiePlan, out: str) -> list[str]:
+        folder = ckpt.path
+        weights = find_weights(folder)
+        if not all(file.endswith(".safetensors") for file in weights.files):
+            raise UnsupportedFormatError(_BIN_REFUSED, folder)
+        applied = decision_records(ckpt, plan)
+        config, _ = read_config(folder)
+        edited = None if config is None else retied_config(ckpt, config, applied)
+        os.mkdir(out)
+        rewritten = {*weights.files, *([weights.index] if weights.index else [])}
+        if edited is not None:
+            rewritten.add(CONFIG)
+        written = [copy_file(folder, rel, out) for rel in side_files(folder, rewritten)]
+        if edited is not None:
+            written.append(write_json(os.path.join(out, CONFIG), edited))
+        weight_files, for_index = rewrite_weights(ckpt, weights, applied, out)
+        written += weight_files
+        if weights.index is not None:
+            written.append(rewrite_index(ckpt, weights.index, for_index, {r.dropped for r in applied}, out))
+        return written + _folders(out)

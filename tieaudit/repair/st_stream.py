@@ -1,0 +1,95 @@
+"""Stream-write a safetensors file tensor by tensor, never holding more than one chunk in memory.
+
+The header (8-byte little-endian length + JSON, padded with spaces to a multiple of 8, as the
+reference implementation pads it) is built from metadata alone; each tensor's bytes are then
+copied from the input's read-only views in bounded chunks, so memory stays at one chunk
+whatever the checkpoint's size.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator, Mapping, Sequence
+from typing import BinaryIO
+
+import numpy as np
+
+from tieaudit.errors import UnsupportedFormatError
+from tieaudit.formats.safetensors import SAFETENSORS_DTYPES
+from tieaudit.model import Checkpoint, TensorInfo
+
+CHUNK_BYTES = 64 << 20
+"""Bytes copied per write: large enough to run at copy speed, small enough to bound memory."""
+
+DTYPE_CODES: dict[str, str] = {canonical: code for code, canonical in SAFETENSORS_DTYPES.items()}
+"""Canonical dtype name -> safetensors dtype code (F32, BF16, ...)."""
+
+
+def header_bytes(tensors: Sequence[TensorInfo], metadata: Mapping[str, str]) -> bytes:
+    """The 8-byte length and the padded JSON header for tensors stored back to back in order."""
+    header: dict[str, object] = {}
+    if metadata:
+        header["__metadata__"] = dict(metadata)
+    offset = 0
+    for tensor in tensors:
+        header[tensor.name] = {
+            "dtype": DTYPE_CODES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + tensor.nbytes],
+        }
+        offset += tensor.nbytes
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text
+
+
+def byte_chunks(array: np.ndarray, chunk_bytes: int = CHUNK_BYTES) -> Iterator[memoryview]:
+    """The array's elements in row-major order as byte chunks of at most about chunk_bytes.
+
+    A contiguous view is sliced in place (no copy); a strided one is copied a block of rows
+    at a time, which only other formats' inputs can need (safetensors views are contiguous).
+    """
+    if array.size == 0:
+        return
+    if array.flags.c_contiguous:
+        flat = array.reshape(-1).view(np.uint8).data
+        for start in range(0, len(flat), chunk_bytes):
+            yield flat[start : start + chunk_bytes]
+        return
+    row_bytes = array[0:1].nbytes
+    rows = max(1, chunk_bytes // max(1, row_bytes))
+    for start in range(0, len(array), rows):
+        block = np.ascontiguousarray(array[start : start + rows])
+        yield block.reshape(-1).view(np.uint8).data
+
+
+def write_tensor(handle: BinaryIO, ckpt: Checkpoint, tensor: TensorInfo) -> int:
+    """Append one tensor's bytes to handle; returns the bytes written."""
+    array = ckpt.array(tensor)
+    storage = ckpt.storages[tensor.storage_id]
+    start, end = tensor.byte_span()
+    in_order = bool(array.flags.c_contiguous)  # chunks then walk the storage front to back
+    written = 0
+    for chunk in byte_chunks(array.reshape(1) if array.ndim == 0 else array):
+        handle.write(chunk)
+        if in_order:  # bound resident memory to about one chunk: these pages were only read
+            ckpt.store.drop(storage, start + written, start + written + len(chunk))
+        written += len(chunk)
+    ckpt.store.drop(storage, start, end)
+    return written
+
+
+def write_safetensors(
+    path: str, ckpt: Checkpoint, tensors: Sequence[TensorInfo], metadata: Mapping[str, str]
+) -> None:
+    """Create path (it must not exist) holding tensors, in this order, with their bytes from ckpt."""
+    unknown = sorted({t.dtype for t in tensors} - set(DTYPE_CODES))
+    if unknown:
+        raise UnsupportedFormatError(f"safetensors cannot store dtypes {unknown}", path)
+    with open(path, "xb") as handle:
+        handle.write(header_bytes(tensors, metadata))
+        for tensor in tensors:
+            written = write_tensor(handle, ckpt, tensor)
+            if written != tensor.nbytes:
+                raise RuntimeError(f"{tensor.name}: wrote {written} bytes, expected {tensor.nbytes}")
