@@ -342,9 +342,8 @@ CHILD = textwrap.dedent(
     import tieaudit.repair.st_stream as st
 
     real = st.write_tensor
-    def slow(handle, ckpt, tensor):
-        written = real(handle, ckpt, tensor)
-        handle.flush()
+    def slow(fd, offset, ckpt, tensor):
+        written = real(fd, offset, ckpt, tensor)
         print("wrote", tensor.name, flush=True)
         time.sleep(60)
         return written

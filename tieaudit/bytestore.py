@@ -60,6 +60,33 @@ class ByteStore:
             )
         return memoryview(mapped)[storage.file_offset : end]
 
+    def _fd(self, file: str) -> int:
+        fd = self._fds.get(file)
+        if fd is None:
+            fd = os.open(os.path.join(self.root, file), os.O_RDONLY)
+            self._fds[file] = fd
+        return fd
+
+    def copy_to(self, storage: StorageInfo, start: int, end: int, out_fd: int, out_offset: int) -> bool:
+        """Copy storage bytes [start, end) into out_fd at out_offset inside the kernel
+        (copy_file_range: no mapping, no user-space copy). False when not possible here
+        (bytes held in memory, or the file systems refuse); the caller then copies itself."""
+        if storage.storage_id in self._memory or not hasattr(os, "copy_file_range"):
+            return False
+        source = self._fd(storage.file)
+        position, remaining = storage.file_offset + start, end - start
+        try:
+            while remaining > 0:
+                copied = os.copy_file_range(source, out_fd, remaining, position, out_offset)
+                if copied == 0:
+                    raise InputError(f"storage {storage.storage_id} is cut short", storage.file)
+                position, out_offset, remaining = position + copied, out_offset + copied, remaining - copied
+        except OSError:
+            if remaining != end - start:
+                raise  # part was copied: a real I/O error, not an unsupported call
+            return False
+        return True
+
     def gather(self, storage: StorageInfo, offsets: list[int], size: int) -> bytes:
         """size bytes at each offset of the storage, concatenated.
 
@@ -69,10 +96,7 @@ class ByteStore:
         if storage.storage_id in self._memory or storage.nbytes == 0:
             data = self.buffer(storage)
             return b"".join(bytes(data[o : o + size]) for o in offsets)
-        fd = self._fds.get(storage.file)
-        if fd is None:
-            fd = os.open(os.path.join(self.root, storage.file), os.O_RDONLY)
-            self._fds[storage.file] = fd
+        fd = self._fd(storage.file)
         chunks = [os.pread(fd, size, storage.file_offset + offset) for offset in offsets]
         if any(len(chunk) != size for chunk in chunks):
             raise InputError(

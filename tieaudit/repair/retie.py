@@ -10,6 +10,7 @@ import importlib
 import os
 import shutil
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from tieaudit.errors import UsageError
@@ -64,6 +65,11 @@ def _fsync(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _fsync_all(files: list[str]) -> None:
+    for file in files:
+        _fsync(file)
 
 
 def _check_paths(source: str, out: str, in_place: bool) -> None:
@@ -148,9 +154,11 @@ def retie(
         try:
             staged = os.path.join(stage, os.path.basename(os.path.abspath(out)))
             files = _writer(ckpt.format).write(ckpt, plan, staged)
-            verify_output(ckpt, staged)
-            for file in files:
-                _fsync(file)
+            # Flushing to disk and reading back overlap; the rename waits for both.
+            with ThreadPoolExecutor(max_workers=1) as pool:
+                syncing = pool.submit(_fsync_all, files)
+                verify_output(ckpt, staged)
+                syncing.result()
             output_bytes = _size(staged) + sum(
                 _size(os.path.join(stage, e)) for e in os.listdir(stage) if e != os.path.basename(staged)
             )

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from tieaudit.compare import BlockComparer
 from tieaudit.errors import TieauditError
 from tieaudit.formats import open_checkpoint
-from tieaudit.model import Checkpoint
-from tieaudit.repair.restore import restored_array, sources
+from tieaudit.model import Checkpoint, TensorInfo
+from tieaudit.repair.restore import Source, restored_array, sources
 
 BLOCK_ROWS_BYTES = 16 << 20
+
+
+_local = threading.local()  # one comparer (two reusable buffers) per verifying thread
 
 
 class VerificationError(TieauditError):
@@ -28,22 +34,41 @@ def same_values(left: np.ndarray, right: np.ndarray, comparer: BlockComparer) ->
     return all(comparer.same(left[i : i + rows], right[i : i + rows]) for i in range(0, len(left), rows))
 
 
+VERIFY_THREADS = 2
+
+
+def _problem(
+    original: Checkpoint, written: Checkpoint, tensor: TensorInfo, source: Source | None
+) -> str | None:
+    """What is wrong with one name in the written output (None when it is bit for bit the input)."""
+    if source is None:
+        return f"{tensor.name} is missing from the written output"
+    value = restored_array(written, source)
+    expected = original.array(tensor)
+    if value.dtype != expected.dtype:
+        return f"{tensor.name} comes back as {value.dtype}, not {tensor.dtype}"
+    comparer = getattr(_local, "comparer", None) or BlockComparer()
+    _local.comparer = comparer
+    same = same_values(expected, value, comparer)
+    _release(original, tensor.name)
+    _release(written, source.name)
+    return None if same else f"{tensor.name} differs from the input after writing"
+
+
 def verify_output(original: Checkpoint, out: str) -> None:
-    """Re-read out; raise VerificationError naming the first name that is missing or differs."""
+    """Re-read out; raise VerificationError naming the first name that is missing or differs.
+
+    Names are compared by two threads: memcmp and the page faults behind it run outside the GIL.
+    """
     with open_checkpoint(out) as written:
         provided = sources(written)
-        comparer = BlockComparer()
-        for tensor in original.tensors:
-            source = provided.get(tensor.name)
-            if source is None:
-                raise VerificationError(f"{tensor.name} is missing from the written output", out)
-            value = restored_array(written, source)
-            if value.dtype != original.array(tensor).dtype:
-                raise VerificationError(f"{tensor.name} comes back as {value.dtype}, not {tensor.dtype}", out)
-            if not same_values(original.array(tensor), value, comparer):
-                raise VerificationError(f"{tensor.name} differs from the input after writing", out)
-            _release(original, tensor.name)
-            _release(written, source.name)
+        with ThreadPoolExecutor(max_workers=VERIFY_THREADS) as pool:
+            problems = pool.map(
+                lambda t: _problem(original, written, t, provided.get(t.name)), original.tensors
+            )
+            for problem in problems:
+                if problem is not None:
+                    raise VerificationError(problem, out)
 
 
 def _release(ckpt: Checkpoint, name: str) -> None:
