@@ -299,3 +299,26 @@ def test_a_model_past_the_protobuf_limit_moves_its_large_initializers_out(
     assert (tmp_path / "tied.onnx.data").stat().st_size == EMBEDDING.nbytes
     feeds = _ids(VOCAB["helper"])
     np.testing.assert_array_equal(_run(source, feeds), _run(out, feeds))
+
+
+def test_torchscript_gpt2_after_retie_stores_each_parameter_once(corpus: Corpus, tmp_path: Path) -> None:
+    """Initializer bytes == torch parameter bytes, less only the constant parameters (LayerNorm ones,
+    zero biases of a random init) that the TorchScript exporter had already merged into one."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "fixtures"))
+    import producers_onnx
+
+    wrapper, _ = producers_onnx._gpt2_wrapper(clone_head=False)
+    params = {name: p.detach().numpy() for name, p in wrapper.named_parameters()}  # tied: listed once
+    out = tmp_path / "tied.onnx"
+    retie(str(_model_path(corpus, "onnx_gpt2_tied_torchscript")), str(out))
+    stored = {init.name: numpy_helper.to_array(init) for init in onnx.load(str(out)).graph.initializer}
+    assert set(stored) <= set(params)  # no initializer that is not a parameter (the E.T copy is gone)
+    merged = {name: value for name, value in params.items() if name not in stored}
+    for name, value in merged.items():
+        assert (value == value.flat[0]).all(), name
+        assert any(v.shape == value.shape and v.tobytes() == value.tobytes() for v in stored.values()), name
+    parameter_bytes = sum(value.nbytes for value in params.values())
+    assert sum(v.nbytes for v in stored.values()) == parameter_bytes - sum(v.nbytes for v in merged.values())
+    assert parameter_bytes == 464_640 and len(merged) == 6
