@@ -191,3 +191,21 @@ def test_every_rule_has_a_kind_and_the_help_explains_equality() -> None:
     result = run(["check", "--help"])
     assert result.returncode == 0
     assert "byte equality" in result.stdout and "+0.0" in result.stdout and "Examples" in result.stdout
+
+
+def test_retie_exit_codes(clone: Path, tmp_path: Path) -> None:
+    out = tmp_path / "tied.safetensors"
+    dry = run(["retie", str(clone), "--dry-run"])
+    assert dry.returncode == 0 and "tie  lm_head.weight = model.embed_tokens.weight" in dry.stdout
+    assert not out.exists()
+    written = run(["retie", str(clone), str(out)])
+    assert written.returncode == 0, written.stderr
+    assert "verified bit for bit" in written.stderr and out.exists()
+    assert main(["check", str(out)]) == 0
+    assert "OUT already exists" in one_error_line(run(["retie", str(clone), str(out)]).stderr)
+    assert "--in-place" in one_error_line(run(["retie", str(clone), str(clone)]).stderr)
+    assert run(["retie", str(clone)]).returncode == 2  # OUT needed without --dry-run
+    missing = run(["retie", str(tmp_path / "gone.safetensors"), str(tmp_path / "x.safetensors")])
+    assert missing.returncode == 2 and not (tmp_path / "x.safetensors").exists()
+    bad = run(["retie", str(clone), str(tmp_path / "y.safetensors"), "--relations", "equal,bogus"])
+    assert bad.returncode == 2 and not (tmp_path / "y.safetensors").exists()

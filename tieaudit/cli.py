@@ -224,7 +224,7 @@ def _relations(value: str | None) -> frozenset[str] | None:
 
 @cli.command()
 @click.argument("source", metavar="IN", type=click.Path())
-@click.argument("out", metavar="OUT", type=click.Path())
+@click.argument("out", metavar="OUT", type=click.Path(), required=False)
 @click.option("--dry-run", is_flag=True, help="Print the plan and the bytes saved; write nothing.")
 @click.option(
     "--keep",
@@ -251,7 +251,7 @@ def _relations(value: str | None) -> frozenset[str] | None:
 @user_errors
 def retie(
     source: str,
-    out: str,
+    out: str | None,
     dry_run: bool,
     keep: str | None,
     relations: str | None,
@@ -282,7 +282,7 @@ def retie(
 
     \b
     Examples:
-      tieaudit retie model.safetensors model-tied.safetensors --dry-run
+      tieaudit retie model.safetensors --dry-run
       tieaudit retie ./llama ./llama-tied
       tieaudit retie model.onnx model-tied.onnx
       tieaudit retie ckpt.safetensors out.safetensors --relations equal,transposed,cast
@@ -290,7 +290,9 @@ def retie(
     from tieaudit.repair.retie import retie as run_retie
     from tieaudit.report.plan import render_plan
 
-    result = run_retie(source, out, _relations(relations), keep, dry_run, in_place, min_size)
+    if out is None and not dry_run:
+        raise click.UsageError("OUT is required (only --dry-run may leave it out)")
+    result = run_retie(source, out or source, _relations(relations), keep, dry_run, in_place, min_size)
     click.echo(render_plan(result), nl=False, err=not dry_run)
     if dry_run:
         return
