@@ -36,6 +36,8 @@ def _remove(path: str) -> None:
 
 
 def measure(path: str, repeat: int) -> dict[str, Measurement]:
+    """Round-robin runs writing one OUT, removed before each run (several 2 GB outputs left in
+    the page cache slowed retie 2x in a trial: the realistic case is one output at a time)."""
     out = os.path.join(OUT_DIR, "retie-out.safetensors")
     commands = {
         "cp FILE OUT": ["cp", path, out],
