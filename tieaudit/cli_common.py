@@ -1,0 +1,77 @@
+"""Pieces every command shares: exit codes, one-line errors, --format/--output, writing reports."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from tieaudit.errors import TieauditError
+
+EXIT_CLEAN = 0
+EXIT_FINDINGS = 1
+EXIT_ERROR = 2
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class CliError(click.ClickException):
+    """A user-facing error: one line on stderr, exit 2."""
+
+    exit_code = EXIT_ERROR
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"tieaudit: error: {self.format_message()}", err=True)
+
+
+def user_errors(command: F) -> F:
+    """Turn library errors into one line and exit 2 (a traceback only with --debug)."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except TieauditError as exc:
+            ctx = click.get_current_context(silent=True)
+            if ctx is not None and (ctx.find_root().params.get("debug") or os.environ.get("TIEAUDIT_DEBUG")):
+                raise
+            raise CliError(str(exc)) from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
+def write_output(text: str, output: str | None) -> None:
+    """Write the report to --output (atomically) or stdout."""
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    from tieaudit.atomic import write_text_atomic
+
+    write_text_atomic(output, text)
+
+
+def output_options(formats: tuple[str, ...]) -> Callable[[F], F]:
+    """--format and --output, shared by the commands that write a report."""
+
+    def decorate(command: F) -> F:
+        command = click.option(
+            "--output",
+            "-o",
+            type=click.Path(dir_okay=False),
+            default=None,
+            help="Write the report to this file instead of stdout.",
+        )(command)
+        return click.option(
+            "--format",
+            "-f",
+            "fmt",
+            type=click.Choice(formats),
+            default=formats[0],
+            show_default=True,
+            help="Report format.",
+        )(command)
+
+    return decorate
