@@ -1,0 +1,225 @@
+"""The ONNX commands: ``runtime`` (does ONNX Runtime copy a shared initializer?) and ``export``.
+
+Registered on the main group with ``cli.add_command(runtime)`` and ``cli.add_command(export)``.
+Heavy imports (onnxruntime, torch) happen in the library, and onnxruntime only in subprocesses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from tieaudit.cli_common import EXIT_FINDINGS, output_options, user_errors, write_output
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_CONFIG_NAMES = (
+    "default",
+    "disable_all",
+    "no_constant_folding",
+    "no_prepacking",
+    "both_off",
+    "fold_size_limit",
+)
+
+
+def _dims(values: tuple[str, ...]) -> dict[str, int]:
+    dims: dict[str, int] = {}
+    for value in values:
+        name, sep, size = value.partition("=")
+        if not sep or not name.strip() or not size.strip().isdigit() or int(size) < 1:
+            message = f"use NAME=SIZE with a positive integer size (not {value!r})"
+            raise click.BadParameter(message, param_hint="--dim")
+        dims[name.strip()] = int(size)
+    return dims
+
+
+RUNTIME_DIM_HELP = (
+    "Size of a symbolic input dimension (repeatable). Names containing batch default to "
+    "--dim batch=N (1), names containing seq or len to --dim sequence=N (8), others to 1."
+)
+EXPORT_DIM_HELP = (
+    "Example input size for a Hugging Face folder: --dim batch=N (1), --dim sequence=N (8); "
+    "both stay dynamic in the export. A module:function brings its own inputs."
+)
+
+
+def dim_option(help_text: str) -> Callable[[F], F]:
+    """--dim NAME=SIZE (repeatable), shared by runtime and export."""
+    return click.option("--dim", "dims", multiple=True, metavar="NAME=SIZE", help=help_text)
+
+
+@click.command()
+@click.argument("model", type=click.Path())
+@click.option(
+    "--config",
+    "configs",
+    multiple=True,
+    type=click.Choice(_CONFIG_NAMES),
+    help="Session configuration to measure (repeatable). [default: all six]",
+)
+@dim_option(RUNTIME_DIM_HELP)
+@click.option(
+    "--runs", type=click.IntRange(min=1), default=10, show_default=True, help="Timed runs per configuration."
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=300.0,
+    show_default=True,
+    help="Seconds one configuration may take (session creation, runs, optimized model) before it is killed.",
+)
+@click.option(
+    "--fold-limit",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="BYTES",
+    help="fold_size_limit's optimization.constant_folding_max_output_size_in_bytes. [default: 1 MiB, "
+    "or half the largest shared initializer when smaller, so that its transpose is not folded]",
+)
+@click.option(
+    "--embed-weights",
+    is_flag=True,
+    help="Load external data into the session from memory, so RssAnon counts the weights.",
+)
+@click.option(
+    "--memory-limit",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="MIB",
+    help="Address-space limit of each probe process in MiB (an allocation past it fails that configuration).",
+)
+@click.option(
+    "--fail-on",
+    type=click.Choice(["error", "warning", "note"]),
+    default="warning",
+    show_default=True,
+    help="Exit 1 when a TIE005 finding at or above this severity exists.",
+)
+@click.option("--exit-zero", is_flag=True, help="Report only: exit 0 with findings (errors still exit 2).")
+@output_options(("text", "json"))
+@user_errors
+def runtime(
+    model: str,
+    configs: tuple[str, ...],
+    dims: tuple[str, ...],
+    runs: int,
+    timeout: float,
+    fold_limit: int | None,
+    embed_weights: bool,
+    memory_limit: int | None,
+    fail_on: str,
+    exit_zero: bool,
+    fmt: str,
+    output: str | None,
+) -> None:
+    """Does ONNX Runtime copy a shared initializer? Which session options stop it, at what cost?
+
+    Each configuration runs in a fresh subprocess with a timeout: anonymous memory (RssAnon)
+    after session creation and after --runs inferences on synthetic inputs, the peak (VmHWM),
+    median latency. The optimized model ORT saves for each configuration is searched with
+    tieaudit's detector: an initializer ORT created that holds the values of one of the input's
+    (constant folding of Transpose(E)) is named, and a matrix prepacked for a MatMul while a
+    Gather still reads it is predicted (TIE005).
+
+    \b
+    Configurations:
+      default              ORT_ENABLE_ALL
+      disable_all          ORT_DISABLE_ALL
+      no_constant_folding  optimization.disable_specified_optimizers=ConstantFolding
+      no_prepacking        session.disable_prepacking=1
+      both_off             the two above together
+      fold_size_limit      constant_folding_max_output_size_in_bytes=--fold-limit, prepacking off
+
+    The recommendation is the configuration holding one copy with the lowest latency, with the
+    Python lines that create it. With external data ORT memory-maps the weights (RssFile), so
+    RSS under-reports them: RssAnon is measured, and the report says so.
+
+    Findings are the copies under default (or, when --config leaves default out, under the
+    configurations given). Exit codes: 0 none at or above --fail-on; 1 findings; 2 a
+    configuration crashed, timed out or failed, or the model is unreadable.
+
+    \b
+    Examples:
+      tieaudit runtime model.onnx
+      tieaudit runtime model.onnx --config default --config both_off --dim sequence=128
+      tieaudit runtime model.onnx --format json -o runtime.json
+    """
+    from tieaudit.report.runtime_report import render_runtime_json, render_runtime_text
+    from tieaudit.runtime import measure_runtime
+
+    report = measure_runtime(
+        model,
+        list(configs) or None,
+        _dims(dims),
+        runs,
+        timeout,
+        fold_limit,
+        embed_weights,
+        memory_limit << 20 if memory_limit else None,
+    )
+    write_output(render_runtime_json(report) if fmt == "json" else render_runtime_text(report), output)
+    for result in report.errors:
+        click.echo(f"tieaudit: error: {model}: config {result.config.name}: {result.error}", err=True)
+    code = report.exit_code(fail_on)  # type: ignore[arg-type]
+    if exit_zero and code == EXIT_FINDINGS:
+        code = 0
+    if code:
+        raise click.exceptions.Exit(code)
+
+
+@click.command()
+@click.argument("source")
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option(
+    "--opset", type=click.IntRange(min=7), default=None, help="ONNX opset [default: the exporter's]."
+)
+@dim_option(EXPORT_DIM_HELP)
+@click.option(
+    "--atol",
+    type=click.FloatRange(min=0),
+    default=1e-4,
+    show_default=True,
+    help="Largest |ONNX Runtime - torch| accepted on the example inputs.",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=300.0,
+    show_default=True,
+    help="Seconds the runtime check's ONNX Runtime subprocess may take.",
+)
+@user_errors
+def export(
+    source: str, out: str, opset: int | None, dims: tuple[str, ...], atol: float, timeout: float
+) -> None:
+    """Export a torch model to ONNX with its tie kept, and check it end to end.
+
+    SOURCE is a Hugging Face model folder (needs transformers; exported as input_ids ->
+    logits with dynamic batch and sequence, example sizes from --dim batch=N --dim
+    sequence=N) or module:function, imported from the current folder, returning (module,
+    example_inputs) or (module, example_inputs, dynamic_shapes).
+
+    Steps: torch.onnx.export(dynamo=True) into a staging folder beside OUT; tieaudit's
+    detector on the result; any copy re-tied with the ONNX retie writer (the exporter folds
+    Transpose(E) into a copy for small matrices); parity against torch with ONNX Runtime (CPU);
+    the static runtime check (TIE005 under ORT's default session options, reported, not
+    failed). One summary on stderr at the end.
+
+    Exit codes: 0 exported, parity within --atol and no copy left; 2 otherwise, with OUT
+    (and OUT.data) not written.
+
+    \b
+    Examples:
+      tieaudit export ./my-gpt2 model.onnx
+      tieaudit export mymodels:build tiny.onnx --atol 1e-5
+    """
+    from tieaudit.export import export_model
+    from tieaudit.report.runtime_report import render_export_summary
+
+    result = export_model(source, out, opset, _dims(dims), atol, timeout)
+    click.echo(render_export_summary(result), nl=False, err=True)
+    if not result.written:
+        raise click.exceptions.Exit(2)

@@ -1,0 +1,298 @@
+"""What the runtime check reads from ONNX graphs: synthetic inputs, and ONNX Runtime's own copies.
+
+The copies are found in the optimized model ONNX Runtime saves (``optimized_model_filepath``),
+read with tieaudit's ONNX reader and searched with its detector: an initializer there that the
+input model does not have, holding the values of one it does, is a copy ONNX Runtime made
+(constant folding of Transpose(E), a Cast, ...). Prepacking is not visible in the saved model: it
+is predicted from the consumers (an initializer packed for a MatMul and still read by a Gather is
+held twice) and confirmed by the memory measurement.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tieaudit.detect import ALL_RELATIONS, DEFAULT_MIN_BYTES, CopyGroup, find_copies, lookup_tables
+from tieaudit.errors import UsageError
+from tieaudit.formats import open_checkpoint
+from tieaudit.formats.onnx_model import ONNX_DTYPES, _is_op
+from tieaudit.model import Checkpoint
+from tieaudit.runtime_probe import DEFAULT_FOLD_LIMIT
+
+if TYPE_CHECKING:
+    from onnx import ModelProto, ValueInfoProto
+
+PREPACKED_SLOTS = {"MatMul": 1, "FusedMatMul": 1, "Gemm": 1}
+"""Operators whose constant B input ONNX Runtime's CPU kernels pack (MLAS) at session creation."""
+PASS_THROUGH = {"Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Cast", "Expand", "Slice"}
+"""Operators an id tensor flows through unchanged in value on its way to a Gather."""
+DEFAULT_DIMS = {"batch": 1, "sequence": 8}
+"""Sizes of symbolic dimensions: names containing batch -> batch, seq or len -> sequence, others 1."""
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """A synthetic model input the probe builds."""
+
+    name: str
+    """Graph input name."""
+    dtype: str
+    """numpy dtype name."""
+    shape: tuple[int, ...]
+    """Concrete shape (symbolic dimensions resolved)."""
+    fill: str
+    """ids (uniform in [0, high)), ones (masks), positions, normal (floats) or zeros."""
+    high: int | None = None
+    """For ids: the vocabulary size (rows of the Gather table the ids index)."""
+
+
+@dataclass(frozen=True)
+class RuntimeDuplicate:
+    """A second copy of an input initializer that ONNX Runtime holds in memory."""
+
+    original: str
+    """The input model's initializer."""
+    copy: str | None
+    """The new initializer in the optimized model; None for a prepacked buffer (never saved)."""
+    relation: str | None
+    """equal, transposed or cast (copy relative to original); None for a prepacked buffer."""
+    mechanism: str
+    """constant-folding or prepacking."""
+    nbytes: int
+    """Bytes of the extra copy."""
+    consumers: tuple[str, ...]
+    """Nodes reading the copy (or packing the original), as ``OpType node``."""
+
+
+@dataclass(frozen=True)
+class Recomputed:
+    """A Transpose or Cast of an initializer left in the graph: a temporary copy on every run."""
+
+    initializer: str
+    """The initializer it reads."""
+    op_type: str
+    """Transpose or Cast."""
+    node: str
+    """The node's name."""
+    nbytes: int
+    """Bytes of the initializer (the temporary is as large)."""
+
+
+@dataclass(frozen=True)
+class StaticView:
+    """ONNX Runtime's copies under one configuration, from its optimized model."""
+
+    duplicates: tuple[RuntimeDuplicate, ...]
+    """Copies ORT holds besides the input's initializers."""
+    recomputed: tuple[Recomputed, ...]
+    """Per-run temporaries of whole initializers."""
+
+    @property
+    def duplicate_bytes(self) -> int:
+        """Bytes of every extra copy."""
+        return sum(d.nbytes for d in self.duplicates)
+
+
+def shared_initializers(ckpt: Checkpoint, min_bytes: int = DEFAULT_MIN_BYTES) -> dict[str, tuple[str, ...]]:
+    """Matrices read by two or more nodes (where a runtime copy can appear) -> their readers.
+
+    Vectors are left out: the exporter shares one LayerNorm ones-vector among many nodes, and no
+    runtime copies a vector for a matrix kernel.
+    """
+    matrices = {t.name for t in ckpt.tensors if len(t.shape) >= 2 and t.nbytes >= min_bytes}
+    return {
+        name: tuple(f"{u.op_type} {u.node}" for u in uses)
+        for name, uses in ckpt.consumers.items()
+        if len(uses) >= 2 and name in matrices
+    }
+
+
+def _dim_size(param: str, dims: Mapping[str, int]) -> int:
+    if param in dims:
+        return dims[param]
+    lowered = param.lower()
+    if "batch" in lowered:
+        return dims.get("batch", DEFAULT_DIMS["batch"])
+    if "seq" in lowered or "len" in lowered:
+        return dims.get("sequence", DEFAULT_DIMS["sequence"])
+    return 1
+
+
+def _vocabulary(model: ModelProto, ckpt: Checkpoint, input_name: str) -> int | None:
+    """Rows of the smallest Gather table the input's values index, following shape-only ops."""
+    readers: dict[str, list[tuple[str, int, list[str], list[str]]]] = defaultdict(list)
+    for node in model.graph.node:
+        for slot, value in enumerate(node.input):
+            op_type = node.op_type if _is_op(node, node.op_type) else ""  # standard domain only
+            readers[value].append((op_type, slot, list(node.input), list(node.output)))
+    tables = {t.name: t.shape[0] for t in ckpt.tensors if t.shape}
+    found: list[int] = []
+    seen, pending = {input_name}, [input_name]
+    while pending:
+        value = pending.pop()
+        for op_type, slot, inputs, outputs in readers[value]:
+            table = ckpt.aliases.get(inputs[0], inputs[0])
+            if op_type == "Gather" and slot == 1 and table in tables:
+                found.append(tables[table])
+            elif op_type in PASS_THROUGH and slot == 0:
+                pending += [o for o in outputs if o not in seen]
+                seen.update(outputs)
+    return min(found) if found else None
+
+
+def input_specs(model: ModelProto, ckpt: Checkpoint, dims: Mapping[str, int]) -> tuple[InputSpec, ...]:
+    """Synthetic inputs for every graph input that is not an initializer."""
+    initializers = {init.name for init in model.graph.initializer}
+    return tuple(_spec(model, ckpt, v, dims) for v in model.graph.input if v.name not in initializers)
+
+
+def _spec(model: ModelProto, ckpt: Checkpoint, value: ValueInfoProto, dims: Mapping[str, int]) -> InputSpec:
+    import onnx
+
+    tensor_type = value.type.tensor_type
+    if not value.type.HasField("tensor_type"):
+        raise UsageError(f"input {value.name!r} is not a tensor; synthetic inputs cannot be built for it")
+    type_name = onnx.TensorProto.DataType.Name(tensor_type.elem_type)
+    dtype = ONNX_DTYPES.get(type_name)
+    if dtype is None or dtype.startswith(("bfloat", "float8", "complex")):
+        raise UsageError(
+            f"input {value.name!r} has type {type_name}; synthetic inputs cannot be built for it"
+        )
+    shape = tuple(
+        d.dim_value if d.HasField("dim_value") else _dim_size(d.dim_param, dims)
+        for d in tensor_type.shape.dim
+    )
+    lowered = value.name.lower()
+    if dtype.startswith(("float", "double")):
+        return InputSpec(value.name, dtype, shape, "normal")
+    vocab = _vocabulary(model, ckpt, value.name) if dtype != "bool" else None
+    if vocab:
+        return InputSpec(value.name, dtype, shape, "ids", vocab)
+    if "mask" in lowered:
+        return InputSpec(value.name, dtype, shape, "ones")
+    return InputSpec(value.name, dtype, shape, "positions" if "position" in lowered else "zeros")
+
+
+def _folded(
+    group: CopyGroup, originals: frozenset[str], stored: Mapping[str, int], ckpt: Checkpoint
+) -> list[RuntimeDuplicate]:
+    """Members ORT created beyond the copies the input already stored, named against an input initializer.
+
+    stored: input initializer -> size of its copy group in the input (TIE001's business, not ours):
+    ORT folding Transpose(E_copy) into a new initializer and dropping E_copy adds no copy.
+    """
+    relation = {m.name: m.relation for m in group.members}
+    names = group.names
+    anchor = group.kept if group.kept in originals else next((n for n in names if n in originals), names[0])
+    before = max((stored.get(n, 1) for n in names if n in originals), default=1)
+    created = [n for n in names if n not in originals and n != anchor]
+    duplicates = []
+    for name in created[max(0, len(created) - (len(names) - before)) :]:
+        # Relations are stated against group.kept; when the anchor is another name, compose through kept.
+        if anchor == group.kept:
+            rel = relation[name]
+        elif name == group.kept:
+            rel = relation[anchor]
+        else:
+            flips = (relation[name] == "transposed") != (relation[anchor] == "transposed")
+            casts = "cast" in (relation[name], relation[anchor])
+            rel = "cast" if casts else "transposed" if flips else "equal"
+        readers = tuple(f"{u.op_type} {u.node}" for u in ckpt.consumers.get(name, ()))
+        duplicates.append(
+            RuntimeDuplicate(anchor, name, rel, "constant-folding", ckpt.tensor(name).nbytes, readers)
+        )
+    return duplicates
+
+
+def _prepacked(ckpt: Checkpoint, min_bytes: int) -> list[RuntimeDuplicate]:
+    """Initializers packed for a MatMul/Gemm B input while another node still reads the original."""
+    found = []
+    for tensor in ckpt.tensors:
+        uses = ckpt.consumers.get(tensor.name, ())
+        packing = [u for u in uses if PREPACKED_SLOTS.get(u.op_type) == u.slot]
+        if not packing or tensor.dtype != "float32" or len(tensor.shape) != 2 or tensor.nbytes < min_bytes:
+            continue
+        # Each packing kernel keeps its own packed buffer; the original is freed when nothing else reads it.
+        extra = len(packing) - (0 if len(packing) < len(uses) else 1)
+        if extra > 0:
+            readers = tuple(f"{u.op_type} {u.node}" for u in packing)
+            found.append(
+                RuntimeDuplicate(tensor.name, None, None, "prepacking", extra * tensor.nbytes, readers)
+            )
+    return found
+
+
+def _recomputed(ckpt: Checkpoint, min_bytes: int) -> list[Recomputed]:
+    sizes = {t.name: t.nbytes for t in ckpt.tensors}
+    return [
+        Recomputed(name, u.op_type, u.node, sizes[name])
+        for name, uses in ckpt.consumers.items()
+        for u in uses
+        if u.op_type in ("Transpose", "Cast") and u.slot == 0 and sizes.get(name, 0) >= min_bytes
+    ]
+
+
+def analyse_optimized(
+    optimized_path: str,
+    originals: frozenset[str],
+    stored: Mapping[str, int],
+    prepacking: bool,
+    min_bytes: int = DEFAULT_MIN_BYTES,
+) -> StaticView:
+    """ORT's copies in the optimized model at optimized_path, named against the input's initializers."""
+    with open_checkpoint(optimized_path) as ckpt:
+        groups = find_copies(ckpt, ALL_RELATIONS, min_bytes, lookup_tables(ckpt))
+        duplicates = [d for g in groups for d in _folded(g, originals, stored, ckpt)]
+        if prepacking:
+            duplicates += _prepacked(ckpt, min_bytes)
+        return StaticView(tuple(duplicates), tuple(_recomputed(ckpt, min_bytes)))
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the runtime check knows about the input model before any probe."""
+
+    path: str
+    """Absolute path handed to ONNX Runtime."""
+    originals: frozenset[str]
+    """The input's initializer names."""
+    shared: Mapping[str, tuple[str, ...]]
+    """Matrices read by two or more nodes -> their readers."""
+    sizes: Mapping[str, int]
+    """Initializer name -> bytes."""
+    stored: Mapping[str, int]
+    """Initializer -> size of the copy group it belongs to in the input (copies stored in the file)."""
+    external: bool
+    """Some initializer lives in external data."""
+    inputs: tuple[InputSpec, ...]
+    """Synthetic inputs."""
+
+    @property
+    def largest_shared(self) -> int:
+        """Bytes of the largest initializer read by two or more nodes (0 when none)."""
+        return max((self.sizes[n] for n in self.shared), default=0)
+
+    @property
+    def fold_limit(self) -> int:
+        """Default fold limit: 1 MiB, or half the largest shared matrix when that is smaller."""
+        return min(DEFAULT_FOLD_LIMIT, self.largest_shared // 2) if self.shared else DEFAULT_FOLD_LIMIT
+
+
+def read_model(path: str, dims: Mapping[str, int]) -> ModelFacts:
+    """The facts the runtime check needs, read once with tieaudit's reader before any probe."""
+    from tieaudit.formats.onnx_model import load_model
+
+    with open_checkpoint(path) as ckpt:  # also confines external data before ORT is handed the model
+        if ckpt.format != "onnx":
+            raise UsageError(f"runtime needs an ONNX model, this is {ckpt.format}", path)
+        inputs = input_specs(load_model(path), ckpt, dims)
+        external = any(s.file_offset >= 0 for s in ckpt.storages.values())
+        sizes = {t.name: t.nbytes for t in ckpt.tensors}
+        groups = find_copies(ckpt, ALL_RELATIONS, DEFAULT_MIN_BYTES, lookup_tables(ckpt))
+        stored = {name: len(g.names) for g in groups for name in g.names}
+        shared = shared_initializers(ckpt)
+        return ModelFacts(os.path.abspath(path), ckpt.names, shared, sizes, stored, external, inputs)
