@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,96 @@ def test_mistakes_are_usage_errors(text: str, tmp_path: Path) -> None:
 def test_missing_policy_file_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="not found"):
         load_policy(str(tmp_path / "nope.toml"))
+
+
+PER_PATH = """
+fail-on = "warning"
+[severity]
+TIE001 = "note"
+[[path]]
+glob = "release/**"
+fail-on = "note"
+[[path]]
+glob = "release/*-fp16.*"
+ignore = ["TIE001"]
+[[path]]
+glob = "*.onnx"
+severity = { TIE004 = "warning" }
+max-wasted-bytes = 1000
+"""
+
+
+def test_path_entries_override_the_defaults_in_file_order(tmp_path: Path) -> None:
+    (tmp_path / "tieaudit.toml").write_text(PER_PATH)
+    policy = load_policy(str(tmp_path / "tieaudit.toml"))
+    other = policy.for_path(str(tmp_path / "dev" / "m.pt"))
+    assert (other.fail_on, other.ignore, other.severity) == ("warning", frozenset(), {"TIE001": "note"})
+    release = policy.for_path(str(tmp_path / "release" / "m.pt"))
+    assert (release.fail_on, release.ignore) == ("note", frozenset())
+    fp16 = policy.for_path(str(tmp_path / "release" / "m-fp16.safetensors"))
+    assert (fp16.fail_on, fp16.ignore) == ("note", frozenset({"TIE001"}))
+    onnx = policy.for_path(str(tmp_path / "release" / "sub" / "m.onnx"))  # a name glob, any depth
+    assert onnx.severity == {"TIE001": "note", "TIE004": "warning"}  # merged rule by rule
+    assert (onnx.max_wasted_bytes, policy.max_wasted_bytes) == (1000, None)
+
+
+def test_globs_are_relative_to_the_policy_file_not_the_current_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "tieaudit.toml").write_text(PER_PATH)
+    monkeypatch.chdir(tmp_path)
+    policy = load_policy("repo/tieaudit.toml")
+    assert policy.for_path("repo/release/m.pt").fail_on == "note"
+    assert policy.for_path("release/m.pt").fail_on == "warning"  # not under the policy's folder
+
+
+def test_the_command_line_beats_path_entries(tmp_path: Path) -> None:
+    (tmp_path / "tieaudit.toml").write_text(PER_PATH)
+    policy = load_policy(str(tmp_path / "tieaudit.toml")).overridden("error", 0, ("TIE006",))
+    fp16 = policy.for_path(str(tmp_path / "release" / "m-fp16.safetensors"))
+    assert (fp16.fail_on, fp16.min_bytes, fp16.ignore) == ("error", 0, frozenset({"TIE001", "TIE006"}))
+    with pytest.raises(UsageError, match="unknown rule id TIE999"):
+        policy.overridden(ignore=("TIE999",))
+
+
+def test_wasted_bytes_cap_is_tie009_per_path(corpus: Corpus, tmp_path: Path) -> None:
+    folder = tmp_path / "models"
+    (folder / "big").mkdir(parents=True)
+    (folder / "small").mkdir()
+    for name in ("big", "small"):
+        shutil.copy(corpus.path("st_cloned_head"), folder / name / "m.safetensors")  # 32 KiB wasted
+    policy = tmp_path / "tieaudit.toml"
+    policy.write_text(
+        'fail-on = "error"\nmax-wasted-bytes = 1000\n[[path]]\nglob = "models/small/**"\n'
+        "max-wasted-bytes = 100000\n"
+    )
+    out = tmp_path / "r.json"
+    code = main(["check", str(folder), "--policy", str(policy), "-f", "json", "-o", str(out), "-j", "1"])
+    assert code == 1
+    reports = {Path(r["path"]).parent.name: r for r in json.loads(out.read_text())["reports"]}
+    (cap,) = [f for f in reports["big"]["findings"] if f["rule"] == "TIE009"]
+    assert cap["kind"] == "wasted-bytes-cap" and cap["severity"] == "error"
+    assert cap["names"] == ["emb.weight", "head.weight"] and cap["wasted_bytes"] == 0
+    assert cap["details"] == {"wasted_bytes": 32768, "max_wasted_bytes": 1000}
+    assert [f["rule"] for f in reports["small"]["findings"]] == ["TIE001"]
+    assert reports["big"]["summary"]["wasted_bytes"] == 32768  # the cap wastes nothing itself
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[[path]]\nfail-on = 'error'",  # no glob
+        "[[path]]\nglob = 'x'\nfail_on = 'error'",  # a typo inside an entry
+        "[[path]]\nglob = 'x'\npath = []",  # entries do not nest
+        "path = 'models'",
+        "max-wasted-bytes = -5",
+        "max-wasted-bytes = true",
+        "[[path]]\nglob = 'x'\nmax-wasted-bytes = '1 GB'",
+    ],
+)
+def test_path_entry_mistakes_are_usage_errors(text: str, tmp_path: Path) -> None:
+    policy = tmp_path / "tieaudit.toml"
+    policy.write_text(text)
+    with pytest.raises(UsageError):
+        load_policy(str(policy))

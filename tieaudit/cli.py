@@ -78,8 +78,33 @@ def inspect(path: str, fmt: str, output: str | None) -> None:
     metavar="RULE",
     help="Do not report this rule id (repeatable), e.g. --ignore TIE004.",
 )
+@click.option(
+    "--exclude",
+    multiple=True,
+    metavar="GLOB",
+    help="Skip what a folder argument holds whose relative path or name matches (repeatable; "
+    "** spans folders). Paths named on the command line are always checked.",
+)
+@click.option(
+    "--jobs",
+    "-j",
+    type=click.IntRange(min=1),
+    help="Checkpoints audited at once, each in a process of its own (1: in this one). [default: CPU count]",
+)
+@click.option(
+    "--baseline",
+    "baseline_path",
+    type=click.Path(dir_okay=False),
+    help="Accept the findings this baseline file lists: reported as baselined, never failing.",
+)
+@click.option(
+    "--write-baseline",
+    "write_baseline_path",
+    type=click.Path(dir_okay=False),
+    help="Write every current finding to this baseline file; exit 0 (2 if a path is unreadable).",
+)
 @click.option("--exit-zero", is_flag=True, help="Always exit 0 unless the audit itself failed.")
-@output_options(("text", "json"))
+@output_options(("text", "json", "sarif"))
 @user_errors
 def check(
     paths: tuple[str, ...],
@@ -87,58 +112,64 @@ def check(
     fail_on: str | None,
     min_size: int | None,
     ignored: tuple[str, ...],
+    exclude: tuple[str, ...],
+    jobs: int | None,
+    baseline_path: str | None,
+    write_baseline_path: str | None,
     exit_zero: bool,
     fmt: str,
     output: str | None,
 ) -> None:
     """Gate a release: exit 1 when findings reach --fail-on.
 
+    PATH is a checkpoint file, a Hugging Face model folder (one model), or any other
+    folder, searched for .pt/.pth/.bin/.safetensors/.onnx files and model folders
+    (hidden folders skipped). Checkpoints are audited in parallel, in --jobs processes.
+
     Finds copies that should be ties (TIE001: equal, transposed, or cast to lower
     precision), declared ties that are broken (TIE002) or orphaned (TIE003),
-    vocabulary sizes that disagree (TIE004), overlapping views (TIE006) and ties the
-    policy requires (TIE008).
+    vocabulary sizes that disagree (TIE004), overlapping views (TIE006), ties the
+    policy requires (TIE008) and checkpoints over the policy's max-wasted-bytes (TIE009).
 
     Equality is byte equality: +0.0 and -0.0 differ, NaNs must have the same payload,
     and no tolerance applies (a head one optimizer step away differs by ~2e-5 and is
     not a tie). Constant tensors (LayerNorm ones, zero biases) and tensors under
     --min-size are never copy candidates.
 
-    Exit codes: 0 nothing at or above --fail-on; 1 findings; 2 usage error, or any
-    path unreadable, unsafe or unsupported (the audit is incomplete).
+    Exit codes: 0 nothing at or above --fail-on (baselined findings do not count);
+    1 findings; 2 usage error, nothing found to check, or any path unreadable, unsafe
+    or unsupported (the audit is incomplete).
 
     \b
     Examples:
       tieaudit check model.safetensors
       tieaudit check ./release-llama --fail-on error --format json -o audit.json
-      tieaudit check a.pt b.onnx --policy tieaudit.toml
+      tieaudit check models/ --exclude 'legacy/**' --jobs 4 --policy tieaudit.toml
+      tieaudit check models/ --format sarif -o tieaudit.sarif
+      tieaudit check models/ --write-baseline tieaudit-baseline.json
+      tieaudit check models/ --baseline tieaudit-baseline.json
     """
-    from dataclasses import replace
-
-    from tieaudit.check import run_check
-    from tieaudit.errors import UsageError
-    from tieaudit.findings import RULES
+    from tieaudit.baseline import fingerprint_root, load_baseline, write_baseline
+    from tieaudit.check import EXIT_FINDINGS, default_jobs, run_check
     from tieaudit.policy import load_policy
-    from tieaudit.report import render_check
+    from tieaudit.report import check_summary_line, render_check
 
-    unknown = [rule for rule in ignored if rule not in RULES]
-    if unknown:
-        raise UsageError(f"unknown rule id {', '.join(unknown)} (known: {', '.join(RULES)})")
-    policy = load_policy(policy_path)
-    policy = replace(
-        policy,
-        fail_on=fail_on or policy.fail_on,  # type: ignore[arg-type]
-        min_bytes=policy.min_bytes if min_size is None else min_size,
-        ignore=policy.ignore | frozenset(ignored),
-    )
-    result = run_check(list(paths), policy)
-    write_output(
-        render_check(result, fmt, policy.fail_on, color=output is None and sys.stdout.isatty()), output
-    )
+    policy = load_policy(policy_path).overridden(fail_on, min_size, ignored)  # type: ignore[arg-type]
+    baseline = load_baseline(baseline_path) if baseline_path else None
+    root = fingerprint_root(baseline, write_baseline_path)
+    result = run_check(paths, policy, exclude, jobs or default_jobs(), baseline, root, sys.stderr.isatty())
+    write_output(render_check(result, fmt, color=output is None and sys.stdout.isatty()), output)
     for error in result.errors:
         click.echo(f"tieaudit: error: {error.path}: {error.message}", err=True)
-    code = result.exit_code(policy.fail_on)
-    if exit_zero and code == 1:
-        code = 0
+    if fmt == "text" and len(result.checked) + len(result.errors) > 1:
+        click.echo(check_summary_line(result), err=True)
+    code = result.exit_code()
+    if write_baseline_path and code != EXIT_ERROR:
+        count = write_baseline(write_baseline_path, result.audits)
+        click.echo(f"tieaudit: wrote {count} findings to {write_baseline_path}", err=True)
+        code = EXIT_CLEAN
+    if exit_zero and code == EXIT_FINDINGS:
+        code = EXIT_CLEAN
     if code:
         raise click.exceptions.Exit(code)
 

@@ -72,6 +72,12 @@ RULES: dict[str, Rule] = {
             "error",
             "The policy requires a tie that the checkpoint does not have.",
         ),
+        Rule(
+            "TIE009",
+            "wasted-bytes-cap",
+            "error",
+            "The bytes a checkpoint wastes on copies exceed the policy's max-wasted-bytes.",
+        ),
     )
 }
 

@@ -1,16 +1,36 @@
-"""The policy: what a team expects of its checkpoints (tieaudit.toml or [tool.tieaudit])."""
+"""The policy: what a team expects of its checkpoints (tieaudit.toml or [tool.tieaudit]).
+
+Top-level keys are the defaults; each ``[[path]]`` entry whose glob names a checkpoint overrides
+the keys it sets, later entries over earlier ones (a ``severity`` table is merged rule by rule).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from tieaudit.detect import ALL_RELATIONS, DEFAULT_MIN_BYTES
+from tieaudit.discover import glob_matches, posix_relative
 from tieaudit.errors import UsageError
 from tieaudit.findings import RULES, SEVERITY_RANK, Severity
 from tieaudit.model import DeclaredTie
+
+PATH_TABLE = "path"
+"""The array of tables holding per-glob overrides: ``[[path]]``."""
+
+
+@dataclass(frozen=True)
+class PathPolicy:
+    """Settings for the checkpoints one glob names."""
+
+    glob: str
+    """Matched against the checkpoint's path relative to the policy file's folder, and its basename."""
+    settings: Mapping[str, Any]
+    """The Policy fields this entry sets (attribute names), already validated."""
 
 
 @dataclass(frozen=True)
@@ -29,8 +49,49 @@ class Policy:
     """Ties the checkpoint must have (TIE008); also declared ties for TIE002/TIE003."""
     relations: frozenset[str] = ALL_RELATIONS
     """Copy relations searched for."""
+    max_wasted_bytes: int | None = None
+    """TIE009 when the findings of one checkpoint waste more bytes than this."""
+    paths: tuple[PathPolicy, ...] = ()
+    """Per-glob overrides, in file order."""
+    root: str = "."
+    """Folder the globs of ``paths`` are relative to (the policy file's)."""
     source: str = "defaults"
     """Where the policy came from."""
+
+    def for_path(self, path: str) -> Policy:
+        """The settings for one checkpoint: the defaults, then every matching [[path]] entry."""
+        if not self.paths:
+            return self
+        relative = posix_relative(path, self.root)
+        changes: dict[str, Any] = {}
+        severity = dict(self.severity)
+        for entry in self.paths:
+            if glob_matches(entry.glob, relative):
+                severity.update(entry.settings.get("severity", {}))
+                changes.update({k: v for k, v in entry.settings.items() if k != "severity"})
+        return dataclasses.replace(self, **changes, severity=severity, paths=())
+
+    def overridden(
+        self, fail_on: Severity | None = None, min_bytes: int | None = None, ignore: tuple[str, ...] = ()
+    ) -> Policy:
+        """The command line's settings over the file's, [[path]] entries included."""
+        unknown = [rule for rule in ignore if rule not in RULES]
+        if unknown:
+            raise UsageError(f"unknown rule id {', '.join(unknown)} (known: {', '.join(RULES)})")
+        changes: dict[str, Any] = {}
+        if fail_on is not None:
+            changes["fail_on"] = fail_on
+        if min_bytes is not None:
+            changes["min_bytes"] = min_bytes
+        extra = frozenset(ignore)
+        paths = tuple(
+            PathPolicy(
+                entry.glob,
+                {k: v | extra if k == "ignore" else v for k, v in entry.settings.items() if k not in changes},
+            )
+            for entry in self.paths
+        )
+        return dataclasses.replace(self, **changes, ignore=self.ignore | extra, paths=paths)
 
 
 def _severity(value: Any, where: str) -> Severity:
@@ -43,6 +104,27 @@ def _rule_ids(values: Any, where: str) -> frozenset[str]:
     if not isinstance(values, list) or not all(v in RULES for v in values):
         raise UsageError(f"ignore must be a list of rule ids ({', '.join(RULES)}), not {values!r}", where)
     return frozenset(values)
+
+
+def _byte_count(key: str) -> Callable[[Any, str], int]:
+    def parse(value: Any, where: str) -> int:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise UsageError(f"{key} must be a byte count, not {value!r}", where)
+        return value
+
+    return parse
+
+
+def _relations(value: Any, where: str) -> frozenset[str]:
+    if not isinstance(value, list) or not set(value) <= ALL_RELATIONS:
+        raise UsageError(f"relations must be a subset of {sorted(ALL_RELATIONS)}", where)
+    return frozenset(value)
+
+
+def _severities(value: Any, where: str) -> dict[str, Severity]:
+    if not isinstance(value, dict) or not set(value) <= set(RULES):
+        raise UsageError("severity must map rule ids to error, warning or note", where)
+    return {rule: _severity(level, where) for rule, level in value.items()}
 
 
 def _expected(entries: Any, where: str) -> tuple[DeclaredTie, ...]:
@@ -60,30 +142,46 @@ def _expected(entries: Any, where: str) -> tuple[DeclaredTie, ...]:
     return tuple(ties)
 
 
-def policy_from_table(table: dict[str, Any], where: str) -> Policy:
-    """Build a Policy from a parsed TOML table; unknown keys are errors (typos must not pass)."""
-    known = {"fail-on", "min-size", "ignore", "severity", "expect-tie", "relations"}
+# policy key -> (Policy field, parser): the same keys are valid at the top and in [[path]].
+SETTINGS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
+    "fail-on": ("fail_on", _severity),
+    "min-size": ("min_bytes", _byte_count("min-size")),
+    "ignore": ("ignore", _rule_ids),
+    "severity": ("severity", _severities),
+    "expect-tie": ("expected_ties", _expected),
+    "relations": ("relations", _relations),
+    "max-wasted-bytes": ("max_wasted_bytes", _byte_count("max-wasted-bytes")),
+}
+
+
+def _settings(table: Mapping[str, Any], extra: set[str], where: str) -> dict[str, Any]:
+    """Policy fields from a TOML table; unknown keys are errors (typos must not pass)."""
+    known = set(SETTINGS) | extra
     unknown = set(table) - known
     if unknown:
         raise UsageError(f"unknown policy keys {sorted(unknown)} (known: {sorted(known)})", where)
-    min_bytes = table.get("min-size", DEFAULT_MIN_BYTES)
-    if not isinstance(min_bytes, int) or min_bytes < 0:
-        raise UsageError(f"min-size must be a byte count, not {min_bytes!r}", where)
-    relations = table.get("relations", sorted(ALL_RELATIONS))
-    if not isinstance(relations, list) or not set(relations) <= ALL_RELATIONS:
-        raise UsageError(f"relations must be a subset of {sorted(ALL_RELATIONS)}", where)
-    severity = table.get("severity", {})
-    if not isinstance(severity, dict) or not set(severity) <= set(RULES):
-        raise UsageError("severity must map rule ids to error, warning or note", where)
-    return Policy(
-        fail_on=_severity(table.get("fail-on", "warning"), where),
-        min_bytes=min_bytes,
-        ignore=_rule_ids(table.get("ignore", []), where),
-        severity={rule: _severity(value, where) for rule, value in severity.items()},
-        expected_ties=_expected(table.get("expect-tie", []), where),
-        relations=frozenset(relations),
-        source=where,
-    )
+    return {SETTINGS[k][0]: SETTINGS[k][1](v, where) for k, v in table.items() if k in SETTINGS}
+
+
+def _path_entries(entries: Any, where: str) -> tuple[PathPolicy, ...]:
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise UsageError(f"{PATH_TABLE} must be an array of tables ([[{PATH_TABLE}]])", where)
+    result = []
+    for number, entry in enumerate(entries, 1):
+        label = f"{where} [[{PATH_TABLE}]] #{number}"
+        glob = entry.get("glob")
+        if not isinstance(glob, str) or not glob:
+            raise UsageError("needs glob = \"...\" (e.g. \"models/**/*.onnx\")", label)
+        result.append(PathPolicy(glob, _settings(entry, {"glob"}, label)))
+    return tuple(result)
+
+
+def policy_from_table(table: dict[str, Any], where: str) -> Policy:
+    """Build a Policy from a parsed TOML table; where is the file (its folder roots the globs)."""
+    fields = _settings(table, {PATH_TABLE}, where)
+    paths = _path_entries(table.get(PATH_TABLE, []), where)
+    root = os.path.dirname(os.path.abspath(where))
+    return Policy(**fields, paths=paths, root=root, source=where)
 
 
 def load_policy(path: str | None) -> Policy:

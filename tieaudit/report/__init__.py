@@ -1,10 +1,14 @@
-"""Report renderers: text (people), json (machines), dot (Graphviz)."""
+"""Report renderers: text (people), json and sarif (machines), dot (Graphviz)."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
+from tieaudit import __version__
 from tieaudit.audit import Audit
-from tieaudit.check import CheckResult
-from tieaudit.findings import Severity
+from tieaudit.check import Checked, CheckResult
+from tieaudit.units import human_bytes
 
 
 def render(audit: Audit, fmt: str, color: bool = False) -> str:
@@ -22,21 +26,61 @@ def render(audit: Audit, fmt: str, color: bool = False) -> str:
     return render_text(audit, color=color)
 
 
-def render_check(result: CheckResult, fmt: str, fail_on: Severity, color: bool = False) -> str:
-    """Render a check run: one path's report as is, several as tieaudit.check/1 (json)."""
+def _check_report(checked: Checked) -> dict[str, Any]:
+    """One checkpoint's tieaudit.report/1 dict, with the gate's fields added."""
+    from tieaudit.report.json_report import report_dict
+
+    report = report_dict(checked.audit)
+    for entry, fingerprint, accepted in zip(
+        report["findings"], checked.fingerprints, checked.baselined, strict=True
+    ):
+        entry["fingerprint"] = fingerprint
+        entry["baselined"] = accepted
+    report["fail_on"] = checked.fail_on
+    report["status"] = "fail" if checked.failing else "ok"
+    return report
+
+
+def check_dict(result: CheckResult) -> dict[str, Any]:
+    """One path's report as is; several paths or a folder as tieaudit.check/1."""
+    if result.single and len(result.checked) == 1 and not result.errors:
+        return _check_report(result.checked[0])
+    document: dict[str, Any] = {
+        "schema": "tieaudit.check/1",
+        "tieaudit_version": __version__,
+        "reports": [_check_report(c) for c in result.checked],
+        "errors": [{"path": e.path, "message": e.message} for e in result.errors],
+        "summary": result.summary(),
+    }
+    if result.baseline is not None:
+        document["baseline"] = result.baseline.path
+    return document
+
+
+def render_check(result: CheckResult, fmt: str, color: bool = False) -> str:
+    """Render a check run as text, json (report/1 or check/1) or sarif."""
     if fmt == "json":
-        import json
+        return json.dumps(check_dict(result), indent=2) + "\n"
+    if fmt == "sarif":
+        from tieaudit.report.sarif import render_sarif
 
-        from tieaudit.report.json_report import report_dict
-
-        if len(result.audits) == 1 and not result.errors:
-            return json.dumps(report_dict(result.audits[0]), indent=2) + "\n"
-        document = {
-            "schema": "tieaudit.check/1",
-            "reports": [report_dict(a) for a in result.audits],
-            "errors": [{"path": e.path, "message": e.message} for e in result.errors],
-        }
-        return json.dumps(document, indent=2) + "\n"
+        return render_sarif(result)
     from tieaudit.report.text import render_check_text
 
-    return render_check_text(result, fail_on, color=color)
+    return render_check_text(result, color=color)
+
+
+def check_summary_line(result: CheckResult) -> str:
+    """The closing line on stderr: checkpoints, failing, errors, baselined, wasted bytes."""
+    summary = result.summary()
+    parts = [
+        f"{summary['checkpoints']} checkpoints",
+        f"{summary['failing']} failing",
+        f"{summary['errors']} errors",
+    ]
+    if result.baseline is not None:
+        parts.append(f"{summary['baselined']} baselined findings")
+        if summary["stale_baseline_entries"]:
+            parts.append(f"{summary['stale_baseline_entries']} baseline entries no longer found")
+    parts.append(f"{human_bytes(summary['wasted_bytes'])} wasted")
+    return "tieaudit: " + ", ".join(parts)

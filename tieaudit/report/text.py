@@ -10,7 +10,6 @@ from rich.text import Text
 
 from tieaudit.audit import Audit
 from tieaudit.check import CheckResult
-from tieaudit.findings import Severity
 from tieaudit.graph import TieState
 from tieaudit.units import human_bytes
 
@@ -117,38 +116,40 @@ def render_text(audit: Audit, color: bool = False, width: int = 120) -> str:
     return buffer.getvalue()
 
 
-def render_check_text(result: CheckResult, fail_on: Severity, color: bool = False, width: int = 120) -> str:
-    """One block per path: a status line, then its findings; errors last."""
+def render_check_text(result: CheckResult, color: bool = False, width: int = 120) -> str:
+    """One status line per checkpoint (ok, FAIL, ERROR) with its findings beneath."""
     buffer = io.StringIO()
     console = Console(file=buffer, force_terminal=color, no_color=not color, width=width)
-    for audit in result.audits:
-        summary = audit.summary()
-        failing = audit.failing(fail_on)
-        status = Text("FAIL", style="bold red") if failing else Text("ok", style="green")
+    for checked in result.checked:
+        ckpt, summary = checked.audit.graph.checkpoint, checked.audit.summary()
+        status = Text("FAIL ", style="bold red") if checked.failing else Text("ok   ", style="green")
         console.print(
             status,
             Text(
-                f" {audit.graph.checkpoint.path}  ({audit.graph.checkpoint.format}, "
-                f"{summary['tensors']} tensors, {human_bytes(summary['bytes'])}"
+                f"{ckpt.path}  ({ckpt.format}, {summary['tensors']} tensors, {human_bytes(summary['bytes'])}"
                 + (f", {human_bytes(summary['wasted_bytes'])} wasted" if summary["wasted_bytes"] else "")
                 + ")"
             ),
+            sep="",
             soft_wrap=True,
         )
-        for finding in audit.findings:
+        for finding, accepted in zip(checked.audit.findings, checked.baselined, strict=True):
             console.print(
                 Text(f"  {finding.rule} ", style="bold"),
                 Text(finding.severity, style=_SEVERITY_STYLE[finding.severity]),
+                Text(" (baselined)" if accepted else "", style="dim"),
                 Text(f" {finding.message}"),
+                sep="",
                 highlight=False,
                 soft_wrap=True,
             )
-            if finding.fix:
+            if finding.fix and not accepted:
                 console.print(Text(f"      fix: {finding.fix}", style="dim"), highlight=False, soft_wrap=True)
     for error in result.errors:
         console.print(
             Text("ERROR", style="bold red"),
             Text(f" {error.path}: {error.message}"),
+            sep="",
             highlight=False,
             soft_wrap=True,
         )

@@ -1,0 +1,123 @@
+"""Baselines: accepted findings stay visible but pass; a new copy fails; fingerprints are stable."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import Corpus
+
+from tieaudit.baseline import SCHEMA, fingerprint, load_baseline
+from tieaudit.cli import main
+from tieaudit.errors import UsageError
+
+
+@pytest.fixture
+def repo(corpus: Corpus, tmp_path: Path) -> Path:
+    """A model repository with two known copies and a clean model."""
+    root = tmp_path / "repo"
+    (root / "models").mkdir(parents=True)
+    shutil.copy(corpus.path("st_cloned_head"), root / "models" / "cloned.safetensors")
+    shutil.copy(corpus.path("torch_transposed_copy"), root / "models" / "transposed.pt")
+    shutil.copy(corpus.path("st_untied_lm"), root / "models" / "clean.safetensors")
+    return root
+
+
+def check(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "tieaudit.cli", "check", "models", "--jobs", "1", *args]
+    return subprocess.run(command, capture_output=True, text=True, check=False, cwd=repo)
+
+
+def test_known_findings_pass_and_a_new_copy_fails(repo: Path, corpus: Corpus) -> None:
+    assert check(repo).returncode == 1
+    written = check(repo, "--write-baseline", "baseline.json")
+    assert written.returncode == 0, written.stderr
+    assert "wrote 2 findings to baseline.json" in written.stderr
+    rerun = check(repo, "--baseline", "baseline.json")
+    assert rerun.returncode == 0, rerun.stdout
+    assert "(baselined)" in rerun.stdout and "FAIL" not in rerun.stdout
+    shutil.copy(corpus.path("st_cloned_head"), repo / "models" / "new-copy.safetensors")
+    added = check(repo, "--baseline", "baseline.json")
+    assert added.returncode == 1
+    failing = [line for line in added.stdout.splitlines() if line.startswith("FAIL")]
+    assert failing == [f"FAIL models/new-copy.safetensors  {failing[0].split('  ', 1)[1]}"]
+
+
+def test_the_baseline_file_is_reviewable_and_fingerprints_are_defined(repo: Path) -> None:
+    assert main(["check", str(repo / "models"), "--write-baseline", str(repo / "baseline.json")]) == 0
+    document = json.loads((repo / "baseline.json").read_text())
+    assert document["schema"] == SCHEMA
+    entries = document["findings"]
+    assert [(e["path"], e["rule"], e["names"]) for e in entries] == [
+        ("models/cloned.safetensors", "TIE001", ["emb.weight", "head.weight"]),
+        ("models/transposed.pt", "TIE001", ["emb", "proj"]),
+    ]
+    names = ["emb.weight", "head.weight"]
+    key = json.dumps(["models/cloned.safetensors", "TIE001", names], separators=(",", ":"))
+    assert entries[0]["fingerprint"] == hashlib.sha256(key.encode()).hexdigest()
+    cloned = str(repo / "models" / "cloned.safetensors")
+    assert fingerprint(cloned, "TIE001", names[::-1], str(repo)) == entries[0]["fingerprint"]
+
+
+def test_fingerprints_ignore_how_paths_are_spelled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "repo"
+    (root / "models").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    absolute = fingerprint(str(root / "models" / "m.pt"), "TIE001", ["b", "a"], str(root))
+    assert fingerprint("repo/models/../models/m.pt", "TIE001", ["a", "b"], "repo") == absolute
+    monkeypatch.chdir(root / "models")
+    assert fingerprint("m.pt", "TIE001", ["a", "b"], "..") == absolute
+    assert fingerprint("m.pt", "TIE002", ["a", "b"], "..") != absolute
+
+
+def test_json_marks_baselined_findings_and_counts_stale_entries(repo: Path, tmp_path: Path) -> None:
+    baseline = repo / "baseline.json"
+    main(["check", str(repo / "models"), "--write-baseline", str(baseline)])
+    (repo / "models" / "transposed.pt").unlink()  # fixed since
+    out = tmp_path / "r.json"
+    code = main(["check", str(repo / "models"), "--baseline", str(baseline), "-f", "json", "-o", str(out)])
+    assert code == 0
+    document = json.loads(out.read_text())
+    (cloned,) = [r for r in document["reports"] if r["path"].endswith("cloned.safetensors")]
+    assert cloned["findings"][0]["baselined"] is True and cloned["status"] == "ok"
+    assert document["summary"]["baselined"] == 1 and document["summary"]["stale_baseline_entries"] == 1
+    assert document["baseline"] == str(baseline)
+
+
+def test_baselined_findings_still_fail_when_the_baseline_is_elsewhere(repo: Path, tmp_path: Path) -> None:
+    # fingerprints are relative to the baseline's folder: a baseline beside other paths matches nothing
+    main(["check", str(repo / "models"), "--write-baseline", str(repo / "baseline.json")])
+    moved = tmp_path / "elsewhere" / "baseline.json"
+    moved.parent.mkdir()
+    shutil.copy(repo / "baseline.json", moved)
+    assert main(["check", str(repo / "models"), "--baseline", str(moved)]) == 1
+
+
+def test_write_baseline_refuses_an_incomplete_run(repo: Path) -> None:
+    (repo / "models" / "broken.pt").write_bytes(b"PK\x03\x04 truncated")
+    result = check(repo, "--write-baseline", "baseline.json")
+    assert result.returncode == 2
+    assert not (repo / "baseline.json").exists()
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "not json",
+        '{"schema": "other/1", "findings": []}',
+        '{"schema": "tieaudit.baseline/1"}',
+        '{"schema": "tieaudit.baseline/1", "findings": [{"path": "x"}]}',
+    ],
+)
+def test_malformed_baselines_are_usage_errors(content: str, repo: Path) -> None:
+    baseline = repo / "baseline.json"
+    baseline.write_text(content)
+    with pytest.raises(UsageError):
+        load_baseline(str(baseline))
+    assert main(["check", str(repo / "models"), "--baseline", str(baseline)]) == 2
+    assert main(["check", str(repo / "models"), "--baseline", str(repo / "missing.json")]) == 2

@@ -1,0 +1,115 @@
+"""The README and the help text keep up with the command line; the CI recipes it shows work."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+from conftest import Corpus
+
+from tieaudit.cli import cli
+from tieaudit.policy import load_policy
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+COMMANDS = sorted(cli.commands)
+
+
+def fenced_blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", README, flags=re.DOTALL)
+
+
+def long_options(command: click.Command) -> list[str]:
+    return [
+        opt
+        for param in command.params
+        if isinstance(param, click.Option)
+        for opt in (*param.opts, *param.secondary_opts)
+        if opt.startswith("--") and opt != "--help"
+    ]
+
+
+def test_the_commands_are_the_ones_this_test_knows() -> None:
+    assert {"inspect", "check", "retie"} <= set(COMMANDS)
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_command_and_option_is_in_the_readme(name: str) -> None:
+    assert f"tieaudit {name}" in README
+    missing = [opt for opt in long_options(cli.commands[name]) if opt not in README]
+    assert not missing, f"tieaudit {name}: {missing} not in README.md"
+
+
+def test_the_global_options_are_in_the_readme() -> None:
+    missing = [opt for opt in long_options(cli) if opt not in README]
+    assert not missing, missing
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_command_has_help_text_with_examples(name: str) -> None:
+    command = cli.commands[name]
+    assert command.help and command.get_short_help_str().strip()
+    result = CliRunner().invoke(cli, [name, "--help"])
+    assert result.exit_code == 0
+    examples = result.output.split("Examples:", 1)
+    assert len(examples) == 2, f"tieaudit {name} --help shows no examples"
+    assert f"tieaudit {name} " in examples[1]
+    undocumented = [p.name for p in command.params if isinstance(p, click.Option) and not p.help]
+    assert not undocumented, f"tieaudit {name}: options without help: {undocumented}"
+
+
+def test_the_policy_example_in_the_readme_is_a_valid_policy(tmp_path: Path) -> None:
+    (example,) = [block for block in fenced_blocks("toml") if "[[path]]" in block]
+    (tmp_path / "tieaudit.toml").write_text(example)
+    policy = load_policy(str(tmp_path / "tieaudit.toml"))
+    assert [entry.glob for entry in policy.paths] == ["models/**/*.onnx", "legacy/**"]
+    legacy = policy.for_path(str(tmp_path / "legacy" / "old.pt"))
+    assert legacy.severity["TIE001"] == "note" and legacy.max_wasted_bytes == 100_000_000
+    assert [t.target for t in legacy.expected_ties] == ["output.weight"]
+
+
+def workflow() -> str:
+    (block,) = [b for b in fenced_blocks("yaml") if "upload-sarif" in b]
+    return block
+
+
+def test_the_github_workflow_command_runs(corpus: Corpus, tmp_path: Path) -> None:
+    yaml = pytest.importorskip("yaml")
+    steps = yaml.safe_load(workflow())["jobs"]["tieaudit"]["steps"]
+    (command,) = [s["run"] for s in steps if str(s.get("run", "")).startswith("tieaudit check")]
+    (upload,) = [s for s in steps if str(s.get("uses", "")).startswith("github/codeql-action/upload-sarif@")]
+    argv = shlex.split(command)
+    sarif_file = argv[argv.index("-o") + 1]
+    assert upload["with"]["sarif_file"] == sarif_file
+    models = tmp_path / argv[2].rstrip("/")
+    models.mkdir()
+    shutil.copy(corpus.path("st_cloned_head"), models / "cloned.safetensors")
+    shutil.copytree(corpus.path("hf_llama_tied"), models / "llama")
+    module = [sys.executable, "-m", "tieaudit.cli"]
+    result = subprocess.run([*module, *argv[1:]], cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert result.returncode == 1, result.stderr  # the copy fails the job; the SARIF is written first
+    document = json.loads((tmp_path / sarif_file).read_text())
+    (finding,) = document["runs"][0]["results"]
+    location = finding["locations"][0]["physicalLocation"]["artifactLocation"]
+    assert location["uri"] == "models/cloned.safetensors"
+
+
+def test_the_pre_commit_hook(tmp_path: Path) -> None:
+    yaml = pytest.importorskip("yaml")
+    (hook,) = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
+    assert hook["id"] == "tieaudit-check" and hook["id"] in README
+    assert hook["entry"] == "tieaudit check" and hook["language"] == "python"
+    assert hook["types_or"] == ["binary"] and hook["pass_filenames"] is True
+    files = re.compile(hook["files"])
+    for name in ("a.pt", "b.pth", "c/pytorch_model.bin", "d.safetensors", "m.onnx"):
+        assert files.search(name), name
+    for name in ("model.onnx.data", "config.json", "notes.pt.txt"):
+        assert not files.search(name), name

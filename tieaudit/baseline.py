@@ -1,0 +1,119 @@
+"""Baselines: findings a team has accepted, so that only new ones fail the gate.
+
+A finding's fingerprint is the sha256 of the compact JSON array ``[path, rule, sorted names]``,
+path relative to the baseline file's folder with / separators: it survives moving the checkout
+and changes when the finding moves to another checkpoint, rule or set of tensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tieaudit import __version__
+from tieaudit.discover import posix_relative
+from tieaudit.errors import UsageError
+
+if TYPE_CHECKING:
+    from tieaudit.audit import Audit
+
+SCHEMA = "tieaudit.baseline/1"
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """Accepted findings, read from a baseline file."""
+
+    path: str
+    """The baseline file."""
+    fingerprints: frozenset[str]
+    """Fingerprints of the accepted findings."""
+
+    @property
+    def root(self) -> str:
+        """The folder finding paths are relative to."""
+        return os.path.dirname(os.path.abspath(self.path))
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One accepted finding as written to the file (path, rule and names keep it reviewable)."""
+
+    path: str
+    """The checkpoint, relative to the baseline file's folder."""
+    rule: str
+    """Rule id."""
+    names: tuple[str, ...]
+    """Tensor names, sorted."""
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 of the entry (see the module docstring)."""
+        text = json.dumps([self.path, self.rule, list(self.names)], separators=(",", ":"), ensure_ascii=False)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def entry(path: str, rule: str, names: Sequence[str], root: str) -> Entry:
+    """The baseline entry for a finding of the checkpoint at path."""
+    return Entry(posix_relative(path, root), rule, tuple(sorted(names)))
+
+
+def fingerprint(path: str, rule: str, names: Sequence[str], root: str) -> str:
+    """The finding's identity across runs (hex sha256)."""
+    return entry(path, rule, names, root).fingerprint
+
+
+def load_baseline(path: str) -> Baseline:
+    """Read a baseline file; anything malformed is a usage error."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            document: Any = json.load(handle)
+    except FileNotFoundError as exc:
+        raise UsageError("baseline file not found (create it with --write-baseline)", path) from exc
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"cannot read baseline: {exc}", path) from exc
+    if not isinstance(document, dict) or document.get("schema") != SCHEMA:
+        raise UsageError(f"not a tieaudit baseline (expected schema {SCHEMA!r})", path)
+    findings = document.get("findings")
+    if not isinstance(findings, list) or not all(
+        isinstance(f, dict) and isinstance(f.get("fingerprint"), str) for f in findings
+    ):
+        raise UsageError("findings must be a list of objects with a fingerprint", path)
+    return Baseline(path, frozenset(f["fingerprint"] for f in findings))
+
+
+def baseline_text(entries: Iterable[Entry]) -> str:
+    """The file's content: entries sorted and unique, so that a diff shows what changed."""
+    unique = sorted(set(entries), key=lambda e: (e.path, e.rule, e.names))
+    document = {
+        "schema": SCHEMA,
+        "tieaudit_version": __version__,
+        "findings": [
+            {"fingerprint": e.fingerprint, "path": e.path, "rule": e.rule, "names": list(e.names)}
+            for e in unique
+        ],
+    }
+    return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+
+
+def write_baseline(path: str, audits: Iterable[Audit]) -> int:
+    """Accept every finding of the audits into a baseline file at path; returns the count."""
+    root = os.path.dirname(os.path.abspath(path))
+    entries = {entry(a.graph.checkpoint.path, f.rule, f.names, root) for a in audits for f in a.findings}
+    from tieaudit.atomic import write_text_atomic
+
+    write_text_atomic(path, baseline_text(entries))
+    return len(entries)
+
+
+def fingerprint_root(baseline: Baseline | None, write_path: str | None) -> str:
+    """Folder fingerprints are relative to: the baseline read, else the one written, else here."""
+    if baseline is not None:
+        return baseline.root
+    if write_path is not None:
+        return os.path.dirname(os.path.abspath(write_path))
+    return os.getcwd()

@@ -1,0 +1,141 @@
+"""SARIF 2.1.0 for code scanning: one run, every rule, one result per finding.
+
+Checkpoints are binary, so a location names the file and no region: SARIF forbids line and column
+regions in binary artifacts (3.30.1), and code scanning attaches a region-less result to the file.
+A finding in a model folder points at the file holding its first stored tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from tieaudit import __version__
+from tieaudit.check import Checked, CheckResult
+from tieaudit.findings import RULES, Finding
+
+SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
+SRCROOT = "%SRCROOT%"
+FINGERPRINT_KEY = "tieauditFingerprint/v1"
+RULE_INDEX = {rule_id: index for index, rule_id in enumerate(RULES)}
+
+
+def _information_uri() -> str | None:
+    """The project's home page from the installed package metadata, when it declares one."""
+    from importlib import metadata
+
+    try:
+        meta = metadata.metadata("tieaudit")
+    except metadata.PackageNotFoundError:
+        return None
+    home = meta["Home-page"] if "Home-page" in meta else None
+    urls = [u.split(",", 1)[1].strip() for u in meta.get_all("Project-URL") or [] if "," in u]
+    return home or (urls[0] if urls else None)
+
+
+def artifact_location(path: str, root: str) -> dict[str, str]:
+    """Relative to %SRCROOT% (the current folder) when inside it, else an absolute file URI."""
+    absolute = os.path.abspath(path)
+    relative = os.path.relpath(absolute, root)
+    if relative == os.curdir or relative.startswith(os.pardir + os.sep) or relative == os.pardir:
+        return {"uri": Path(absolute).as_uri()}
+    return {"uri": quote(relative.replace(os.sep, "/")), "uriBaseId": SRCROOT}
+
+
+def _finding_file(checked: Checked, finding: Finding) -> str:
+    """The file a finding is about: the checkpoint file, or in a folder the file of its first
+    stored tensor, else the config, else the first file read."""
+    ckpt = checked.audit.graph.checkpoint
+    if not os.path.isdir(ckpt.path):
+        return ckpt.path
+    stored = [ckpt.tensor(n).file for n in finding.names if n in ckpt.names]
+    fallback = [ckpt.config.file] if ckpt.config is not None else list(ckpt.files)
+    chosen = (stored or fallback or [""])[0]
+    return os.path.join(ckpt.path, chosen) if chosen else ckpt.path
+
+
+def _rules() -> list[dict[str, Any]]:
+    return [
+        {
+            "id": rule.id,
+            "name": rule.kind,
+            "shortDescription": {"text": rule.summary},
+            "defaultConfiguration": {"level": rule.severity},
+        }
+        for rule in RULES.values()
+    ]
+
+
+def _result(checked: Checked, index: int, root: str, baseline_name: str | None) -> dict[str, Any]:
+    finding = checked.audit.findings[index]
+    ckpt = checked.audit.graph.checkpoint
+    text = finding.message + (f" Fix: {finding.fix}" if finding.fix else "")
+    location = artifact_location(_finding_file(checked, finding), root)
+    result: dict[str, Any] = {
+        "ruleId": finding.rule,
+        "ruleIndex": RULE_INDEX[finding.rule],
+        "level": finding.severity,
+        "message": {"text": text},
+        "locations": [{"physicalLocation": {"artifactLocation": location}}],
+        "partialFingerprints": {FINGERPRINT_KEY: checked.fingerprints[index]},
+        "properties": {
+            "checkpoint": ckpt.path,
+            "format": ckpt.format,
+            "names": list(finding.names),
+            "relation": finding.relation,
+            "wasted_bytes": finding.wasted_bytes,
+        },
+    }
+    if baseline_name is not None:
+        accepted = checked.baselined[index]
+        result["baselineState"] = "unchanged" if accepted else "new"
+        if accepted:  # code scanning ignores suppressions; a dismissed alert stays so by fingerprint
+            result["suppressions"] = [
+                {"kind": "external", "status": "accepted", "justification": f"in baseline {baseline_name}"}
+            ]
+    return result
+
+
+def sarif_dict(result: CheckResult, root: str | None = None) -> dict[str, Any]:
+    """The SARIF log as plain data; root is %SRCROOT% (default: the current folder)."""
+    root = os.path.abspath(root or os.getcwd())
+    driver: dict[str, Any] = {"name": "tieaudit", "version": __version__, "semanticVersion": __version__}
+    information = _information_uri()
+    if information:
+        driver["informationUri"] = information
+    driver["rules"] = _rules()
+    baseline_name = os.path.basename(result.baseline.path) if result.baseline else None
+    notifications = [
+        {
+            "level": "error",
+            "message": {"text": f"{error.path}: {error.message}"},
+            "locations": [{"physicalLocation": {"artifactLocation": artifact_location(error.path, root)}}],
+        }
+        for error in result.errors
+    ]
+    return {
+        "$schema": SARIF_SCHEMA,
+        "version": "2.1.0",
+        "runs": [
+            {
+                "tool": {"driver": driver},
+                "originalUriBaseIds": {SRCROOT: {"uri": Path(root).as_uri().rstrip("/") + "/"}},
+                "invocations": [
+                    {"executionSuccessful": not result.errors, "toolExecutionNotifications": notifications}
+                ],
+                "results": [
+                    _result(checked, index, root, baseline_name)
+                    for checked in result.checked
+                    for index in range(len(checked.audit.findings))
+                ],
+            }
+        ],
+    }
+
+
+def render_sarif(result: CheckResult) -> str:
+    """The SARIF log as indented JSON text."""
+    return json.dumps(sarif_dict(result), indent=2) + "\n"
