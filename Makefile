@@ -33,6 +33,15 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/detect.py
 	$(PY) bench/retie.py
+	$(PY) bench/many.py
+	$(PY) bench/runtime.py
+
+# Long fuzzing run (fuzz/run.py): atheris when it installs for this Python, else hypothesis.
+FUZZ_SECONDS ?= 60
+FUZZ_WORKERS ?= 2
+fuzz: $(STAMP) fixtures
+	$(PY) -c "import atheris" 2>/dev/null || $(PY) -m pip install -q atheris || echo "atheris unavailable: the hypothesis engine runs"
+	$(PY) fuzz/run.py --seconds $(FUZZ_SECONDS) --workers $(FUZZ_WORKERS)
 
 clean:
 	rm -rf demo fixtures/generated bench/out .pytest_cache .mypy_cache .ruff_cache

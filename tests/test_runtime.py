@@ -280,3 +280,16 @@ def test_the_onnx_modules_import_neither_torch_nor_onnxruntime() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_check_runtime_adds_tie005_to_the_gate(corpus: Corpus, capsys: pytest.CaptureFixture[str]) -> None:
+    from tieaudit.cli import main
+
+    path = str(corpus.path("onnx_gpt2_tied_dynamo"))
+    capsys.readouterr()
+    assert main(["check", path, "--format", "json"]) == 0  # the file itself stores the matrix once
+    capsys.readouterr()
+    assert main(["check", path, "--runtime", "--format", "json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert [f["rule"] for f in report["findings"]] == ["TIE005"]
+    assert report["summary"]["wasted_bytes"] == 0 and report["summary"]["runtime_wasted_bytes"] > 0

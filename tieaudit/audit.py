@@ -23,7 +23,9 @@ class Audit:
         """Counts and byte totals for the report's summary block."""
         ckpt = self.graph.checkpoint
         stored = self.graph.stored_bytes
-        wasted = sum(f.wasted_bytes for f in self.findings)
+        # TIE005 bytes are memory ONNX Runtime adds, not bytes of the files: counted apart.
+        wasted = sum(f.wasted_bytes for f in self.findings if f.rule != "TIE005")
+        runtime = sum(f.wasted_bytes for f in self.findings if f.rule == "TIE005")
         return {
             "tensors": len(ckpt.tensors),
             "storages": len(ckpt.storages),
@@ -33,6 +35,7 @@ class Audit:
             "errors": sum(f.severity == "error" for f in self.findings),
             "warnings": sum(f.severity == "warning" for f in self.findings),
             "notes": sum(f.severity == "note" for f in self.findings),
+            **({"runtime_wasted_bytes": runtime} if runtime else {}),
         }
 
     def failing(self, fail_on: Severity) -> tuple[Finding, ...]:
@@ -48,6 +51,11 @@ def audit_path(path: str, policy: Policy | None = None) -> Audit:
     checkpoint = open_checkpoint(path)
     try:
         graph = build_graph(checkpoint, policy.expected_ties)
-        return Audit(graph, evaluate(graph, policy))
+        extra: tuple[Finding, ...] = ()
+        if policy.runtime and checkpoint.format == "onnx" and "TIE005" not in policy.ignore:
+            from tieaudit.runtime import runtime_findings
+
+            extra = tuple(runtime_findings(path))
+        return Audit(graph, evaluate(graph, policy, extra))
     finally:
         checkpoint.close()

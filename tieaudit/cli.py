@@ -103,6 +103,12 @@ def inspect(path: str, fmt: str, output: str | None) -> None:
     type=click.Path(dir_okay=False),
     help="Write every current finding to this baseline file; exit 0 (2 if a path is unreadable).",
 )
+@click.option(
+    "--runtime",
+    is_flag=True,
+    help="For ONNX models, also run ONNX Runtime's optimizer (default session options) and report "
+    "initializers it duplicates (TIE005). Needs the runtime extra.",
+)
 @click.option("--exit-zero", is_flag=True, help="Always exit 0 unless the audit itself failed.")
 @output_options(("text", "json", "sarif"))
 @user_errors
@@ -116,6 +122,7 @@ def check(
     jobs: int | None,
     baseline_path: str | None,
     write_baseline_path: str | None,
+    runtime: bool,
     exit_zero: bool,
     fmt: str,
     output: str | None,
@@ -148,13 +155,18 @@ def check(
       tieaudit check models/ --format sarif -o tieaudit.sarif
       tieaudit check models/ --write-baseline tieaudit-baseline.json
       tieaudit check models/ --baseline tieaudit-baseline.json
+      tieaudit check model.onnx --runtime
     """
+    import dataclasses
+
     from tieaudit.baseline import fingerprint_root, load_baseline, write_baseline
     from tieaudit.check import EXIT_FINDINGS, default_jobs, run_check
     from tieaudit.policy import load_policy
     from tieaudit.report import check_summary_line, render_check
 
     policy = load_policy(policy_path).overridden(fail_on, min_size, ignored)  # type: ignore[arg-type]
+    if runtime:
+        policy = dataclasses.replace(policy, runtime=True)
     baseline = load_baseline(baseline_path) if baseline_path else None
     root = fingerprint_root(baseline, write_baseline_path)
     result = run_check(paths, policy, exclude, jobs or default_jobs(), baseline, root, sys.stderr.isatty())
@@ -258,6 +270,17 @@ def retie(
     click.echo(render_plan(result), nl=False, err=not dry_run)
     if dry_run:
         return
+
+
+def _register_onnx_commands() -> None:
+    # Defined in their own module (ONNX Runtime and torch stay lazy imports inside the commands).
+    from tieaudit.cli_onnx import export, runtime
+
+    cli.add_command(runtime)
+    cli.add_command(export)
+
+
+_register_onnx_commands()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -49,6 +49,8 @@ class Policy:
     """Ties the checkpoint must have (TIE008); also declared ties for TIE002/TIE003."""
     relations: frozenset[str] = ALL_RELATIONS
     """Copy relations searched for."""
+    runtime: bool = False
+    """Also ask ONNX Runtime's optimizer whether it duplicates a shared initializer (TIE005)."""
     max_wasted_bytes: int | None = None
     """TIE009 when the findings of one checkpoint waste more bytes than this."""
     paths: tuple[PathPolicy, ...] = ()
@@ -171,7 +173,7 @@ def _path_entries(entries: Any, where: str) -> tuple[PathPolicy, ...]:
         label = f"{where} [[{PATH_TABLE}]] #{number}"
         glob = entry.get("glob")
         if not isinstance(glob, str) or not glob:
-            raise UsageError("needs glob = \"...\" (e.g. \"models/**/*.onnx\")", label)
+            raise UsageError('needs glob = "..." (e.g. "models/**/*.onnx")', label)
         result.append(PathPolicy(glob, _settings(entry, {"glob"}, label)))
     return tuple(result)
 

@@ -250,8 +250,9 @@ def expected_findings(graph: AliasGraph, policy: Policy) -> Iterator[Finding]:
         )
 
 
-def evaluate(graph: AliasGraph, policy: Policy) -> tuple[Finding, ...]:
-    """Every finding of every rule, with policy severities and ignores applied, most severe first."""
+def evaluate(graph: AliasGraph, policy: Policy, extra: tuple[Finding, ...] = ()) -> tuple[Finding, ...]:
+    """Every finding of every rule (plus extra ones found elsewhere, e.g. TIE005 from ONNX Runtime),
+    with policy severities and ignores applied, most severe first."""
     ckpt = graph.checkpoint
     groups = find_copies(ckpt, policy.relations, policy.min_bytes, lookup_tables(ckpt))
     grouped = {frozenset((g.kept, m.name)) for g in groups for m in g.members}
@@ -262,6 +263,7 @@ def evaluate(graph: AliasGraph, policy: Policy) -> tuple[Finding, ...]:
         *vocab_findings(graph),
         *overlap_findings(graph),
         *expected_findings(graph, policy),
+        *extra,
     ]
     result = []
     for finding in found:
