@@ -27,7 +27,7 @@ test: $(STAMP) fixtures
 	$(PY) -m pytest -q -p no:cacheprovider
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check tieaudit tests fixtures bench scripts
+	$(VENV)/bin/ruff check tieaudit tests fixtures bench scripts fuzz
 	$(VENV)/bin/mypy --strict tieaudit
 
 bench: $(STAMP)

@@ -26,7 +26,7 @@ from torch import nn
 import tieaudit.repair.retie as retie_module
 from tieaudit import load_tied
 from tieaudit.cli import main
-from tieaudit.errors import UnsafeInputError, UnsupportedFormatError, UsageError
+from tieaudit.errors import OutputError, UnsafeInputError, UnsupportedFormatError, UsageError
 from tieaudit.repair.retie import retie
 from tieaudit.repair.st_stream import byte_chunks, header_bytes
 
@@ -330,8 +330,9 @@ def test_fault_before_rename(
         raise OSError("injected fault between write and rename")
 
     monkeypatch.setattr(retie_module, "before_rename", fail)
-    with pytest.raises(OSError, match="injected"):
+    with pytest.raises(OutputError, match="injected") as raised:  # one line on the CLI, not a traceback
         retie(str(source), str(tmp_path / "out"))
+    assert isinstance(raised.value.__cause__, OSError)
     assert digest(source) == before
     assert os.listdir(tmp_path) == ["in"]  # no OUT, no staging folder
 

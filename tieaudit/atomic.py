@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 
-from tieaudit.errors import InputError
+from tieaudit.errors import InputError, OutputError
 
 
 def write_text_atomic(path: str, text: str) -> None:
@@ -21,7 +21,9 @@ def write_text_atomic(path: str, text: str) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError):  # disk full, quota: one line, not a traceback
+            raise OutputError(f"cannot write: {exc.strerror or exc}", path) from exc
         raise

@@ -36,11 +36,14 @@ class ByteStore:
         mapped = self._maps.get(file)
         if mapped is None:
             path = os.path.join(self.root, file)
-            with open(path, "rb") as handle:
-                size = os.fstat(handle.fileno()).st_size
-                if size == 0:
-                    raise InputError("file is empty", path)
-                mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+            try:
+                with open(path, "rb") as handle:
+                    size = os.fstat(handle.fileno()).st_size
+                    if size == 0:
+                        raise InputError("file is empty", path)
+                    mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+            except OSError as exc:  # the file was only stat-ed by the reader: now it must open
+                raise InputError(f"cannot read: {exc.strerror or exc}", path) from exc
             self._maps[file] = mapped
         return mapped
 
@@ -63,7 +66,11 @@ class ByteStore:
     def _fd(self, file: str) -> int:
         fd = self._fds.get(file)
         if fd is None:
-            fd = os.open(os.path.join(self.root, file), os.O_RDONLY)
+            path = os.path.join(self.root, file)
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError as exc:
+                raise InputError(f"cannot read: {exc.strerror or exc}", path) from exc
             self._fds[file] = fd
         return fd
 

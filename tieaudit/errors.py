@@ -33,3 +33,7 @@ class UnsupportedFormatError(InputError):
 
 class UnsafeInputError(InputError):
     """The input tries something tieaudit refuses: code in a pickle, paths leaving the folder."""
+
+
+class OutputError(TieauditError):
+    """The output cannot be written (disk full, no permission); nothing partial is left behind."""

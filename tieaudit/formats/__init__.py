@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import stat
 from collections.abc import Iterator
 
 from tieaudit.errors import InputError, UnsupportedFormatError
@@ -45,6 +46,13 @@ def open_checkpoint(path: str) -> Checkpoint:
     """Sniff path's format and read it."""
     if not os.path.exists(path):
         raise InputError("no such file or folder", path)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror or exc}", path) from exc
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        # A FIFO or a device: opening one can block forever or never end.
+        raise InputError("not a regular file or folder (a FIFO, socket or device)", path)
     head = b"" if os.path.isdir(path) else read_head(path)
     if not os.path.isdir(path) and not head:
         raise InputError("file is empty", path)

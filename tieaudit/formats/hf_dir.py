@@ -97,8 +97,10 @@ def load_json(folder: str, name: str) -> Any:
     try:
         with open(path, encoding="utf-8") as handle:
             return json.load(handle)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"{name} is not valid JSON ({exc})", folder) from exc
+    except (ValueError, RecursionError) as exc:
+        # ValueError covers bad UTF-8, bad JSON and integers past Python's digit limit.
+        detail = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        raise InputError(f"{name} is not valid JSON ({detail})", folder) from exc
     except OSError as exc:
         raise InputError(f"cannot read {name}: {exc.strerror or exc}", folder) from exc
 

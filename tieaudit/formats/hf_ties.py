@@ -189,12 +189,38 @@ def _quiet_transformers(transformers: Any) -> Iterator[None]:
         logging.set_verbosity(level)
 
 
+MAX_BUILT_BLOCKS = 1024
+"""Layers or experts a config may ask for before transformers is asked to build its model: the
+meta-device build costs about a millisecond per layer, so 10**9 layers would never finish."""
+
+
+def oversized_field(config: Mapping[str, Any]) -> str | None:
+    """The first layer or expert count above MAX_BUILT_BLOCKS, at any nesting level (None if none)."""
+    stack: list[object] = [config]
+    while stack:  # iterative: a config nested near the recursion limit must not overflow here
+        value = stack.pop()
+        if isinstance(value, list):
+            value = dict(enumerate(value))
+        for key, item in value.items() if isinstance(value, Mapping) else ():
+            if not isinstance(key, str):
+                stack.append(item)
+                continue
+            counted = "layer" in key.lower() or "expert" in key.lower()
+            if counted and isinstance(item, int) and not isinstance(item, bool) and item > MAX_BUILT_BLOCKS:
+                return key
+            stack.append(item)
+    return None
+
+
 def transformers_ties(architecture: str, config: Mapping[str, Any]) -> tuple[dict[str, str], bool] | None:
     """``({target: source}, effective flag)`` from the installed transformers; None on any failure.
 
     Only built-in classes are looked up (``auto_map`` / remote code is never honoured); the
-    model is built on the meta device, so no weights are allocated.
+    model is built on the meta device, so no weights are allocated, and only when its layer and
+    expert counts are plausible (see MAX_BUILT_BLOCKS).
     """
+    if oversized_field(config) is not None:
+        return None
     try:
         import torch
         import transformers

@@ -32,8 +32,11 @@ class ExternalRange:
 
 
 def _parse_int(tensor: str, key: str, value: str, model_path: str) -> int:
-    if not re.fullmatch(r"[0-9]+", value):
-        raise InputError(f"initializer {tensor!r}: external data {key} {value!r} is not a count", model_path)
+    # At most 20 digits (2**64 has 20): int() refuses more than 4300, and no file is that large.
+    if not re.fullmatch(r"[0-9]{1,20}", value):
+        raise InputError(
+            f"initializer {tensor!r}: external data {key} {value[:40]!r} is not a count", model_path
+        )
     return int(value)
 
 

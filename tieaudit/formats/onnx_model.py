@@ -21,6 +21,7 @@ from tieaudit.errors import InputError
 from tieaudit.formats.interface import Reader
 from tieaudit.formats.onnx_external import confine, parse_entries
 from tieaudit.formats.safetensors import TIES_METADATA_KEY, tieaudit_ties
+from tieaudit.formats.viewable import check_viewable
 from tieaudit.model import Checkpoint, Consumer, DeclaredTie, Skipped, StorageInfo, TensorInfo
 
 if TYPE_CHECKING:
@@ -103,6 +104,13 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def _text(value: str | bytes, what: str, path: str) -> str:
+    """A protobuf string field as str: protobuf hands out bytes when the field is not valid UTF-8."""
+    if isinstance(value, bytes):
+        raise InputError(f"{what} {value[:40]!r} is not valid UTF-8", path)
+    return value
+
+
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
@@ -150,14 +158,16 @@ class _Collector:
         self.skipped: list[Skipped] = []
         self.files: list[str] = [self.model_file]
         self.taken: set[str] = set()
+        self.suffixes: dict[str, int] = {}
         self.ranges: dict[tuple[str, int, int], str] = {}
 
     def _unique_name(self, value_name: str, graph_path: str) -> str:
         # A subgraph value named like an outer one keeps its name behind its graph's path.
         name = value_name if value_name not in self.taken else f"{graph_path or 'main'}/{value_name}"
-        base, count = name, 2
+        base, count = name, self.suffixes.get(name, 2)
         while name in self.taken:
             name, count = f"{base}#{count}", count + 1
+        self.suffixes[base] = count  # the next repeat starts here: repeats stay linear, not quadratic
         self.taken.add(name)
         return name
 
@@ -165,7 +175,7 @@ class _Collector:
         """Record one TensorProto; returns its tensor name, or None when it is skipped."""
         import onnx
 
-        name = self._unique_name(value_name, graph_path)
+        name = self._unique_name(_text(value_name, "tensor name", self.path), graph_path)
         try:
             type_name = onnx.TensorProto.DataType.Name(proto.data_type)
         except ValueError:
@@ -180,6 +190,7 @@ class _Collector:
         shape = tuple(proto.dims)
         if any(dim < 0 for dim in shape):
             raise InputError(f"tensor {name!r} has a negative dimension {list(shape)}", self.path)
+        check_viewable(name, shape, _contiguous_strides(shape), itemsize(dtype), 0, self.path)
         numel = 1
         for dim in shape:
             numel *= dim
@@ -226,7 +237,10 @@ class _Collector:
         return array.tobytes()
 
     def _external(self, proto: TensorProto, name: str, dtype: str, expected: int) -> StorageInfo:
-        entries = ((entry.key, entry.value) for entry in proto.external_data)
+        entries = [
+            (_text(entry.key, "external data key", self.path), _text(entry.value, "external data", self.path))
+            for entry in proto.external_data
+        ]
         location, offset, length = parse_entries(name, entries, expected, self.path)
         extent = confine(name, location, offset, length, self.model_dir, self.path)
         # Two initializers naming the very same bytes are one storage; an empty range aliases nothing.
@@ -239,11 +253,11 @@ class _Collector:
         return self.storages[storage_id]
 
     def _constant(self, node: NodeProto, graph_path: str) -> str | None:
-        output = node.output[0]
+        output = _text(node.output[0], "value name", self.path)
         for attr in node.attribute:
             if attr.name == "value" and attr.HasField("t"):
                 return self.add_tensor(attr.t, output, graph_path)
-        kinds = ", ".join(attr.name for attr in node.attribute) or "no"
+        kinds = ", ".join(_text(attr.name, "attribute name", self.path) for attr in node.attribute) or "no"
         self.skipped.append(Skipped(output, f"Constant with {kinds} attribute, not a tensor value"))
         return None
 
@@ -261,7 +275,8 @@ class _Collector:
             seen.add(init.name)
             scope[init.name] = self.add_tensor(init, init.name, graph_path)
         for sparse in graph.sparse_initializer:
-            self.skipped.append(Skipped(sparse.values.name, "sparse initializer"))
+            sparse_name = _text(sparse.values.name, "sparse initializer name", self.path)
+            self.skipped.append(Skipped(sparse_name, "sparse initializer"))
             scope[sparse.values.name] = None
         for node in graph.node:
             for output in node.output:
@@ -270,21 +285,32 @@ class _Collector:
                 scope[node.output[0]] = self._constant(node, graph_path)
 
     def _resolve_identities(self, graph: GraphProto, scope: Scope) -> None:
-        pairs = [
-            (node.input[0], node.output[0])
+        source_of = {
+            _text(node.output[0], "value name", self.path): _text(node.input[0], "value name", self.path)
             for node in graph.node
             if _is_op(node, "Identity") and node.input and node.output
-        ]
-        # Chains resolve in at most len(pairs) rounds, whatever the node order.
-        for _ in range(len(pairs) + 1):
-            changed = False
-            for source, output in pairs:
-                target = scope.get(source)
-                if target is not None and scope.get(output) != target:
-                    scope[output] = self.aliases[output] = target
-                    changed = True
-            if not changed:
-                break
+        }
+        resolved: dict[str, str | None] = {}
+
+        def target_of(name: str) -> str | None:
+            # Follow the chain to its first non-Identity value once, whatever the node order
+            # (sweeping the node list until nothing changes is quadratic on a reversed chain).
+            chain: dict[str, None] = {}
+            while name in source_of and name not in resolved and name not in chain:
+                chain[name] = None
+                name = source_of[name]
+            if name in resolved:
+                end = resolved[name]
+            else:
+                end = None if name in chain else scope.get(name)  # a cycle ends nowhere
+            for step in chain:
+                resolved[step] = end
+            return end
+
+        for output in source_of:
+            target = target_of(output)
+            if target is not None and scope.get(output) != target:
+                scope[output] = self.aliases[output] = target
 
     def walk(self, graph: GraphProto, graph_path: str, outer: Scope) -> None:
         """Collect graph's tensors and consumers, then its subgraphs' (which see graph's values)."""
@@ -294,11 +320,12 @@ class _Collector:
         label = graph_path or "main"
         prefix = f"{graph_path}/" if graph_path else ""
         for index, node in enumerate(graph.node):
-            node_name = node.name or f"#{index}"
+            node_name = _text(node.name, "node name", self.path) or f"#{index}"
+            op_type = _text(node.op_type, "operator type", self.path)
             for slot, value in enumerate(node.input):
                 target = scope.get(value) if value else None
                 if target is not None:
-                    self.consumers[target].append(Consumer(node_name, node.op_type, slot, label))
+                    self.consumers[target].append(Consumer(node_name, op_type, slot, label))
             for sub_path, subgraph in _subgraphs(node, prefix + node_name):
                 self.walk(subgraph, sub_path, scope)
 

@@ -16,6 +16,7 @@ from tieaudit.bytestore import ByteStore
 from tieaudit.dtypes import ITEMSIZE, itemsize
 from tieaudit.errors import InputError
 from tieaudit.formats.interface import Reader
+from tieaudit.formats.viewable import check_viewable
 from tieaudit.model import Checkpoint, DeclaredBy, DeclaredTie, StorageInfo, TensorInfo
 
 MAX_HEADER_BYTES = 100_000_000  # the limit safetensors itself enforces
@@ -58,6 +59,10 @@ class SafetensorsHeader:
     """The ``__metadata__`` map (empty when absent)."""
 
 
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+
+
 def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     strides: list[int] = []
     step = 1
@@ -71,7 +76,7 @@ def _parse_entry(name: str, entry: object, path: str) -> tuple[str, tuple[int, .
     if not isinstance(entry, dict):
         raise InputError(f"header entry {name!r} is not an object", path)
     dtype_code = entry.get("dtype")
-    if dtype_code not in SAFETENSORS_DTYPES:
+    if not isinstance(dtype_code, str) or dtype_code not in SAFETENSORS_DTYPES:
         raise InputError(f"tensor {name!r} has unknown dtype {dtype_code!r}", path)
     shape = entry.get("shape")
     if not isinstance(shape, list) or not all(
@@ -110,8 +115,9 @@ def read_header(path: str, file: str) -> SafetensorsHeader:
         raise InputError(f"cannot read: {exc.strerror or exc}", path) from exc
     try:
         header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"header is not valid JSON ({exc})", path) from exc
+    except (ValueError, RecursionError) as exc:
+        # ValueError covers bad UTF-8, bad JSON and integers past Python's digit limit.
+        raise InputError(f"header is not valid JSON ({_first_line(exc)})", path) from exc
     if not isinstance(header, dict):
         raise InputError("header is not a JSON object", path)
     metadata = header.pop("__metadata__", None) or {}
@@ -145,7 +151,9 @@ def read_header(path: str, file: str) -> SafetensorsHeader:
             )
         expected_begin = end
         storages[name] = StorageInfo(name, file, data_start + begin, end - begin, dtype)
-        tensors.append(TensorInfo(name, dtype, shape, _contiguous_strides(shape), name, 0, file))
+        strides = _contiguous_strides(shape)
+        check_viewable(name, shape, strides, itemsize(dtype), 0, path)
+        tensors.append(TensorInfo(name, dtype, shape, strides, name, 0, file))
     if data_start + expected_begin > size:
         raise InputError(
             f"truncated: tensors need {data_start + expected_begin} bytes, the file has {size}", path
@@ -173,8 +181,8 @@ def tieaudit_ties(record: str | None, where: str, declared_by: DeclaredBy) -> li
         return []
     try:
         entries = json.loads(record)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{TIES_METADATA_KEY} is not valid JSON ({exc})", where) from exc
+    except (ValueError, RecursionError) as exc:
+        raise InputError(f"{TIES_METADATA_KEY} is not valid JSON ({_first_line(exc)})", where) from exc
     if not isinstance(entries, dict):
         raise InputError(f"{TIES_METADATA_KEY} must be a JSON object", where)
     ties = []
@@ -183,7 +191,8 @@ def tieaudit_ties(record: str | None, where: str, declared_by: DeclaredBy) -> li
             not isinstance(entry, dict)
             or not isinstance(entry.get("source"), str)
             or entry.get("relation") not in ("equal", "transposed", "cast")
-            or (entry["relation"] == "cast" and entry.get("dtype") not in ITEMSIZE)
+            # str(): a JSON list or object as dtype is unhashable; no such value names a dtype.
+            or (entry["relation"] == "cast" and str(entry.get("dtype")) not in ITEMSIZE)
         ):
             raise InputError(f"{TIES_METADATA_KEY} entry for {dropped!r} is malformed", where)
         ties.append(

@@ -8,10 +8,12 @@ without being read, so ``Checkpoint.array`` maps them zero-copy.
 from __future__ import annotations
 
 import io
+import lzma
 import os
 import reprlib
 import struct
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -20,6 +22,7 @@ from tieaudit.dtypes import ITEMSIZE, itemsize
 from tieaudit.errors import InputError, UnsafeInputError, UnsupportedFormatError
 from tieaudit.formats.interface import Reader
 from tieaudit.formats.torch_pickle import DtypeToken, Opaque, StorageRef, TensorRecord, load_pickle
+from tieaudit.formats.viewable import check_viewable
 from tieaudit.model import Checkpoint, Skipped, StorageInfo, TensorInfo
 
 MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
@@ -50,6 +53,12 @@ class Entry:
     """The leaf: a TensorRecord, or a value that becomes a Skipped entry."""
 
 
+# What zipfile raises for a malformed archive, including a compressed member that does not inflate
+# (bzip2's errors are OSErrors), or an archive needing a zip version it does not implement.
+_ZIP_ERRORS: tuple[type[Exception], ...] = (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError)
+_ZIP_ERRORS += (NotImplementedError, zlib.error, lzma.LZMAError)
+
+
 def _is_zip(path: str, head: bytes) -> bool:
     if not head.startswith(ZIP_MAGIC):
         return False
@@ -59,7 +68,9 @@ def _is_zip(path: str, head: bytes) -> bool:
     try:
         with zipfile.ZipFile(path) as archive:
             return any(name.endswith("/data.pkl") for name in archive.namelist())
-    except (OSError, zipfile.BadZipFile, ValueError):
+    except OSError:
+        return False
+    except _ZIP_ERRORS:
         return False
 
 
@@ -95,6 +106,12 @@ def _zip_prefix(archive: zipfile.ZipFile, path: str) -> str:
 
 
 def _read_member(archive: zipfile.ZipFile, name: str, limit: int, path: str) -> bytes:
+    info = archive.getinfo(name)
+    if info.flag_bits & 1:  # zipfile would ask for a password (RuntimeError)
+        raise InputError(f"zip member {name!r} is encrypted", path)
+    # zipfile never yields more than the declared size, so checking the claim first bounds memory.
+    if info.file_size > limit:
+        raise InputError(f"zip member {name!r} is larger than {limit} bytes", path)
     with archive.open(name) as member:
         data = member.read(limit + 1)
     if len(data) > limit:
@@ -115,10 +132,17 @@ def _member_data_offset(handle: io.BufferedReader, info: zipfile.ZipInfo, path: 
     return info.header_offset + 30 + name_len + extra_len
 
 
+def _record_ends(archive: zipfile.ZipFile) -> dict[int, int]:
+    """Local header offset -> where the next record (or the central directory) starts."""
+    starts = sorted({info.header_offset for info in archive.infolist()})
+    return dict(zip(starts, [*starts[1:], archive.start_dir], strict=True))
+
+
 def _zip_locator(
     archive: zipfile.ZipFile, prefix: str, handle: io.BufferedReader, path: str
 ) -> LocateStorage:
     size = os.fstat(handle.fileno()).st_size
+    ends = _record_ends(archive)
 
     def locate(ref: StorageRef) -> int:
         name = f"{prefix}/data/{ref.key}"
@@ -133,6 +157,9 @@ def _zip_locator(
                 f"zip member {name!r} holds {info.file_size} bytes, its storage needs {ref.nbytes}", path
             )
         offset = _member_data_offset(handle, info, path)
+        if offset + max(info.compress_size, ref.nbytes) > ends[info.header_offset]:
+            # Two records sharing bytes: what is audited would not be what torch.load reads.
+            raise InputError(f"zip member {name!r} overlaps the next record of the archive", path)
         if offset + ref.nbytes > size:
             raise InputError(
                 f"truncated: storage {ref.key!r} needs bytes up to {offset + ref.nbytes}, file has {size}",
@@ -151,7 +178,7 @@ def _read_zip(path: str, handle: io.BufferedReader) -> tuple[object, dict[str, S
         if byteorder in archive.namelist() and _read_member(archive, byteorder, 16, path) != b"little":
             raise UnsupportedFormatError("big-endian checkpoints are not supported", path)
         data = _read_member(archive, f"{prefix}/data.pkl", MAX_PICKLE_BYTES, path)
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError, NotImplementedError) as exc:
+    except _ZIP_ERRORS as exc:
         raise InputError(f"not a readable zip archive ({exc})", path) from None
     root, storages = load_pickle(io.BytesIO(data), path, f"{prefix}/data.pkl")
     return root, storages, _zip_locator(archive, prefix, handle, path)
@@ -304,8 +331,9 @@ def build_checkpoint(
         if entry.name in seen:
             skipped.append(Skipped(entry.name, "name already used by an earlier entry"))
         elif isinstance(record, TensorRecord) and not record.flags and record.dtype in ITEMSIZE:
-            _check_view(entry.name, record, path)
             offset = record.offset * itemsize(record.dtype)
+            check_viewable(entry.name, record.shape, record.strides, itemsize(record.dtype), offset, path)
+            _check_view(entry.name, record, path)
             info = TensorInfo(
                 entry.name, record.dtype, record.shape, record.strides, record.storage.key, offset, file
             )
@@ -324,6 +352,33 @@ def build_checkpoint(
     )
 
 
+class CappedReader(io.BufferedReader):
+    """A file whose reads stop at its end.
+
+    The legacy format hands the file itself to the unpickler: a length prefix claiming more bytes
+    than the file holds then fails as truncated instead of having the claimed size allocated first.
+    """
+
+    def __init__(self, raw: io.FileIO) -> None:
+        super().__init__(raw)
+        self.end = os.fstat(raw.fileno()).st_size
+
+    def read(self, size: int | None = -1) -> bytes:
+        if size is not None and size > 0:
+            size = min(size, max(0, self.end - self.tell()))
+        return super().read(size)
+
+
+def open_capped(path: str) -> CappedReader:
+    """path opened for reading, with reads capped at the end of the file."""
+    raw = io.FileIO(path, "r")
+    try:
+        return CappedReader(raw)
+    except BaseException:
+        raw.close()
+        raise
+
+
 class TorchReader(Reader):
     """torch.save files, zip or legacy, recognised by content rather than suffix."""
 
@@ -334,7 +389,7 @@ class TorchReader(Reader):
 
     def read(self, path: str) -> Checkpoint:
         try:
-            with open(path, "rb") as handle:
+            with open_capped(path) as handle:
                 head = handle.read(64)
                 handle.seek(0)
                 if head.startswith(ZIP_MAGIC):

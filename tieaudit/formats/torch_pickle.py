@@ -9,6 +9,7 @@ data: dicts, lists, ``TensorRecord``s and labelled ``Opaque`` leaves.
 from __future__ import annotations
 
 import pickle
+import pickletools
 import struct
 from collections import OrderedDict
 from collections.abc import Callable
@@ -341,10 +342,32 @@ _MALFORMED: tuple[type[BaseException], ...] = (pickle.UnpicklingError, EOFError,
 _MALFORMED += (AttributeError, LookupError, ArithmeticError, struct.error, RecursionError, MemoryError)
 
 
+_MEMO_PUTS = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
+
+
+def check_memo_indexes(stream: IO[bytes], path: str, what: str) -> None:
+    """Walk the opcodes once, then rewind: refuse memo indexes no pickler writes.
+
+    Picklers number memo entries in order, so an entry's index never exceeds the opcodes before
+    it. CPython's C unpickler grows its memo array to twice the largest index and zeroes it: a
+    9-byte pickle with index 2**29 makes it touch 8 GiB before anything else is checked.
+    """
+    start = stream.tell()
+    for count, (opcode, arg, _) in enumerate(pickletools.genops(stream), start=1):
+        if opcode.name in _MEMO_PUTS and isinstance(arg, int) and arg > count:
+            raise InputError(
+                f"{what} puts memo entry {arg} after {count} opcodes (picklers number entries in order); "
+                "refusing the allocation",
+                path,
+            )
+    stream.seek(start)
+
+
 def load_pickle(stream: IO[bytes], path: str, what: str) -> tuple[object, dict[str, StorageRef]]:
     """Unpickle one pickle from stream; any malformation becomes an InputError naming path and what."""
     unpickler = RestrictedUnpickler(stream, path)
     try:
+        check_memo_indexes(stream, path, what)
         return unpickler.load(), unpickler.storages
     except TieauditError:
         raise

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from tieaudit.errors import UsageError
+from tieaudit.errors import OutputError, UsageError
 from tieaudit.formats import open_checkpoint
 from tieaudit.graph import build_graph
 from tieaudit.model import Format
@@ -150,8 +150,8 @@ def retie(
         if dry_run:
             return RetieResult(plan, None, None, input_bytes, 0)
         stage = _stage_name(out)
-        os.mkdir(stage)
         try:
+            os.mkdir(stage)
             staged = os.path.join(stage, os.path.basename(os.path.abspath(out)))
             files = _writer(ckpt.format).write(ckpt, plan, staged)
             # Flushing to disk and reading back overlap; the rename waits for both.
@@ -164,6 +164,8 @@ def retie(
             )
             before_rename(staged)
             _publish(stage, out, backup)
+        except OSError as exc:  # disk full, quota, permissions: OUT never appears
+            raise OutputError(f"cannot write: {exc.strerror or exc}", out) from exc
         finally:
             shutil.rmtree(stage, ignore_errors=True)
     return RetieResult(plan, out, backup, input_bytes, output_bytes)

@@ -8,6 +8,7 @@ whatever the checkpoint's size.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import os
@@ -90,6 +91,16 @@ def start_writeback(fd: int, offset: int, count: int) -> None:
         _SYNC_FILE_RANGE(fd, offset, count, _SYNC_FILE_RANGE_WRITE)  # a hint: failure changes nothing
 
 
+def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    """Write all of data at offset: pwrite may write less (a disk close to full), never silently."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        if written <= 0:
+            raise OSError(errno.EIO, "pwrite wrote nothing")
+        view, offset = view[written:], offset + written
+
+
 def write_tensor(fd: int, offset: int, ckpt: Checkpoint, tensor: TensorInfo) -> int:
     """Write one tensor's bytes at offset of fd; returns the bytes written.
 
@@ -105,7 +116,7 @@ def write_tensor(fd: int, offset: int, ckpt: Checkpoint, tensor: TensorInfo) -> 
         return tensor.nbytes
     written = 0
     for chunk in byte_chunks(array.reshape(1) if array.ndim == 0 else array):
-        os.pwrite(fd, chunk, offset + written)
+        pwrite_all(fd, chunk, offset + written)
         if contiguous:  # bound resident memory to about one chunk: these pages were only read
             ckpt.store.drop(storage, start + written, start + written + len(chunk))
         written += len(chunk)
@@ -129,7 +140,7 @@ def write_safetensors(
     offsets = list(itertools.accumulate((t.nbytes for t in tensors), initial=len(header)))
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        os.pwrite(fd, header, 0)
+        pwrite_all(fd, header, 0)
         with ThreadPoolExecutor(max_workers=WRITER_THREADS) as pool:
             jobs = [
                 pool.submit(write_tensor, fd, offset, ckpt, t)

@@ -1,0 +1,834 @@
+"""What the fuzzers feed the readers, and what they check: shared by tests/test_fuzz_readers.py
+(hypothesis, bounded) and fuzz/run.py (atheris or hypothesis, long runs).
+
+An input is a ``kind`` (which reader) and bytes. Multi-file kinds (a model folder, an ONNX model
+with external data) are bundles: files joined by BUNDLE_SEP, each starting with its name on one
+line. Mutators take a ``random.Random``, so hypothesis (``st.randoms()``), atheris (a seed) and a
+plain loop drive the same code.
+
+``check_one`` reads the input with the kind's reader and returns what happened. Allowed: a
+TieauditError (the input was refused), or a Checkpoint whose every tensor lies inside its storage
+and can be viewed. Anything else escapes as an exception: that is a crash.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickletools
+import random
+import re
+import signal
+import struct
+import sys
+import zipfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HOSTILE = ROOT / "fixtures" / "hostile"
+GENERATED = ROOT / "fixtures" / "generated"
+sys.path.insert(0, str(HOSTILE))
+import make_hostile as mh  # noqa: E402
+
+KINDS = ("safetensors", "torch-zip", "torch-legacy", "onnx", "onnx-external", "hf-dir", "sniff")
+BUNDLE_SEP = b"\n--tieaudit-fuzz-file--\n"
+MARKER = mh.MARKER
+_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+EXEC_MODULES = frozenset(
+    "os posix nt subprocess runpy pty importlib ctypes socket shutil code codeop pickle _pickle marshal "
+    "sys webbrowser platform commands popen2 multiprocessing asyncio".split()
+)
+EXEC_BUILTINS = frozenset(
+    "eval exec getattr setattr delattr compile __import__ open globals locals vars breakpoint input".split()
+)
+_REFUSED = re.compile(r"pickle references (\S+), which is not on the allowlist")
+
+
+class Crash(Exception):
+    """An input broke a reader's contract (raised by the harness, never by tieaudit)."""
+
+
+class Hang(Crash):
+    """An input ran past its time budget."""
+
+
+def is_exec_primitive(spelled: str) -> bool:
+    """Whether a refused global could run code or commands (os.system, builtins.eval, ...)."""
+    module, _, name = spelled.strip("'\"").partition(".")
+    if module in ("builtins", "__builtin__"):
+        return name in EXEC_BUILTINS
+    return module in EXEC_MODULES or any(
+        part in spelled for part in ("__globals__", "__builtins__", "__code__")
+    )
+
+
+def refused_global(message: str) -> str | None:
+    found = _REFUSED.search(message)
+    return found.group(1) if found else None
+
+
+# --- bundles ------------------------------------------------------------------------------------
+
+
+def pack(files: dict[str, bytes]) -> bytes:
+    return BUNDLE_SEP.join(name.encode() + b"\n" + data for name, data in files.items())
+
+
+def unpack(data: bytes) -> dict[str, bytes]:
+    """The files of a bundle; sections without a plain file name are dropped."""
+    files: dict[str, bytes] = {}
+    for section in data.split(BUNDLE_SEP):
+        name, _, content = section.partition(b"\n")
+        text = name.decode("ascii", "replace")
+        if _NAME.fullmatch(text) and text not in (".", "..") and text not in files:
+            files[text] = content
+    return files
+
+
+# --- reading and the contract ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one input did."""
+
+    label: str
+    """accepted, rejected, or blocked-exec (a refused global that could run code)."""
+    detail: str = ""
+    """The error message, or the tensor count."""
+
+
+def materialize(kind: str, data: bytes, folder: Path) -> Path:
+    """Write the input into folder; returns the path to read."""
+    if kind in ("onnx-external", "hf-dir"):
+        model = folder / "model"
+        model.mkdir()
+        for name, content in unpack(data).items():
+            (model / name).write_bytes(content)
+        return model / "model.onnx" if kind == "onnx-external" else model
+    name = {"safetensors": "model.safetensors", "onnx": "model.onnx", "sniff": "model.bin"}.get(
+        kind, "model.pt"
+    )
+    path = folder / name
+    path.write_bytes(data)
+    return path
+
+
+def _reader(kind: str) -> Callable[[str], object]:
+    from tieaudit.formats import open_checkpoint
+    from tieaudit.formats.hf_dir import HfDirReader
+    from tieaudit.formats.onnx_model import OnnxReader
+    from tieaudit.formats.safetensors import SafetensorsReader
+    from tieaudit.formats.torch_file import TorchReader
+
+    readers: dict[str, Callable[[str], object]] = {
+        "safetensors": SafetensorsReader().read,
+        "torch-zip": TorchReader().read,
+        "torch-legacy": TorchReader().read,
+        "onnx": OnnxReader().read,
+        "onnx-external": OnnxReader().read,
+        # The table resolves config ties: a mutated architecture must not import torch per input.
+        "hf-dir": HfDirReader(use_transformers=False).read,
+        "sniff": open_checkpoint,
+    }
+    return readers[kind]
+
+
+def check_checkpoint(ckpt: object) -> int:
+    """Every tensor inside its storage and viewable; every storage inside its file. Returns the count."""
+    from tieaudit.dtypes import itemsize
+    from tieaudit.model import Checkpoint
+
+    if not isinstance(ckpt, Checkpoint):
+        raise Crash(f"reader returned {type(ckpt).__name__}, not a Checkpoint")
+    for storage in ckpt.storages.values():
+        if len(ckpt.store.buffer(storage)) != storage.nbytes:
+            raise Crash(f"storage {storage.storage_id!r} is not {storage.nbytes} bytes long")
+    for tensor in ckpt.tensors:
+        storage = ckpt.storages.get(tensor.storage_id)
+        if storage is None:
+            raise Crash(f"tensor {tensor.name!r} points at a missing storage {tensor.storage_id!r}")
+        if len(tensor.shape) != len(tensor.strides) or min((*tensor.shape, *tensor.strides), default=0) < 0:
+            raise Crash(f"tensor {tensor.name!r} has shape {tensor.shape} and strides {tensor.strides}")
+        start, end = tensor.byte_span()
+        if not 0 <= start <= end <= storage.nbytes:
+            raise Crash(
+                f"tensor {tensor.name!r} spans bytes {start}..{end} of a {storage.nbytes}-byte storage"
+            )
+        array = ckpt.array(tensor)
+        if array.shape != tensor.shape or array.dtype.itemsize != itemsize(tensor.dtype):
+            raise Crash(f"tensor {tensor.name!r} viewed as {array.shape} {array.dtype}")
+        if array.size:  # touch the first and last element
+            _ = array[(0,) * array.ndim], array[tuple(dim - 1 for dim in array.shape)]
+    return len(ckpt.tensors)
+
+
+def check_one(kind: str, data: bytes, folder: Path, audit: bool = False) -> Outcome:
+    """Read one input; an allowed outcome is returned, anything else raises (a crash).
+
+    With audit, an accepted checkpoint also goes through the alias graph and the rules, as the CLI
+    takes it (TieauditErrors from there are allowed too).
+    """
+    from tieaudit.errors import TieauditError, UnsafeInputError
+
+    path = materialize(kind, data, folder)
+    try:
+        ckpt = _reader(kind)(str(path))
+    except UnsafeInputError as exc:
+        spelled = refused_global(exc.message)
+        return Outcome("blocked-exec" if spelled and is_exec_primitive(spelled) else "rejected", exc.message)
+    except TieauditError as exc:
+        return Outcome("rejected", exc.message)
+    finally:
+        if (folder / MARKER).exists() or Path(MARKER).exists():
+            raise Crash("pickle code ran: the payload's marker file exists")
+    from tieaudit.model import Checkpoint
+
+    assert isinstance(ckpt, Checkpoint)
+    with ckpt:
+        count = check_checkpoint(ckpt)
+        if audit:
+            try:
+                _audit(ckpt)
+            except TieauditError as exc:
+                return Outcome("rejected", exc.message)
+    return Outcome("accepted", f"{count} tensors")
+
+
+def _audit(ckpt: object) -> None:
+    """What the CLI does after reading: the alias graph, the rules, and the JSON and text reports."""
+    from tieaudit.audit import Audit
+    from tieaudit.graph import build_graph
+    from tieaudit.model import Checkpoint
+    from tieaudit.policy import Policy
+    from tieaudit.report import render
+    from tieaudit.rules import evaluate
+
+    assert isinstance(ckpt, Checkpoint)
+    graph = build_graph(ckpt)
+    audit = Audit(graph, evaluate(graph, Policy()))
+    json.loads(render(audit, "json", color=False))
+    render(audit, "text", color=False)
+
+
+@contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise Hang in the main thread if the block runs longer than seconds (SIGALRM)."""
+
+    def expired(signum: int, frame: object) -> None:
+        raise Hang(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+# --- byte mutations ----------------------------------------------------------------------------
+
+INTERESTING = (
+    0,
+    1,
+    -1,
+    7,
+    8,
+    255,
+    256,
+    2**15,
+    2**16,
+    2**31 - 1,
+    -(2**31),
+    2**32,
+    2**53,
+    2**62,
+    2**63,
+    2**64 - 1,
+)
+
+
+def mutate_bytes(data: bytes, rng: random.Random) -> bytes:
+    """One byte edit: flip, truncate, insert, delete, overwrite, duplicate, or an interesting integer."""
+    out = bytearray(data)
+    size = len(out)
+    pos = rng.randrange(size + 1)
+    action = rng.randrange(8)
+    if action == 0 and size:
+        out[min(pos, size - 1)] ^= 1 << rng.randrange(8)
+    elif action == 1:
+        del out[rng.randrange(size + 1) :]
+    elif action == 2:
+        out[pos:pos] = rng.randbytes(rng.choice((1, 2, 4, 8, rng.randrange(1, 64))))
+    elif action == 3:
+        del out[pos : pos + rng.choice((1, 2, 4, 8, rng.randrange(1, 256)))]
+    elif action == 4 and size:
+        chunk = rng.randbytes(rng.choice((1, 4, 8)))
+        out[pos : pos + len(chunk)] = chunk
+    elif action == 5 and size:
+        start = rng.randrange(size)
+        out[pos:pos] = out[start : start + rng.randrange(1, 128)]
+    elif action == 6:
+        width = rng.choice((1, 2, 4, 8))
+        value = rng.choice(INTERESTING) % (1 << (8 * width))
+        out[pos : pos + width] = value.to_bytes(width, "little")
+    else:
+        out[pos:pos] = rng.choice(
+            (b"\x00" * 8, b"\xff" * 8, b"{", b"}", b'"', b"PK\x03\x04", b"\x80\x02", b".")
+        )
+    return bytes(out)
+
+
+# --- pickle mutations --------------------------------------------------------------------------
+
+GLOBALS = (
+    ("torch._utils", "_rebuild_tensor_v2"),
+    ("torch._utils", "_rebuild_parameter"),
+    ("torch._utils", "_rebuild_tensor_v3"),
+    ("torch._tensor", "_rebuild_from_type_v2"),
+    ("collections", "OrderedDict"),
+    ("torch", "FloatStorage"),
+    ("torch", "HalfStorage"),
+    ("torch", "UntypedStorage"),
+    ("torch", "bfloat16"),
+    ("torch", "Size"),
+    ("torch", "device"),
+    ("builtins", "set"),
+    ("builtins", "range"),
+    ("builtins", "bytearray"),
+    ("_codecs", "encode"),
+    ("numpy", "dtype"),
+    ("posix", "system"),
+    ("builtins", "eval"),
+    ("builtins", "exec"),
+    ("builtins", "getattr"),
+    ("__builtin__", "__import__"),
+    ("subprocess", "Popen"),
+    ("runpy", "_run_code"),
+    ("torch._utils", "_rebuild_tensor_v2.__globals__"),
+    ("__main__", "Model"),
+)
+STRINGS = (
+    "",
+    "0",
+    "1",
+    "storage",
+    "cpu",
+    "cuda:0",
+    "../x",
+    "/etc/passwd",
+    "a" * 300,
+    "\x00",
+    "conj",
+    "weight",
+)
+SNIPPETS = (
+    b"r" + struct.pack("<I", 1 << 28),  # LONG_BINPUT far beyond the memo
+    b"j" + struct.pack("<I", 1 << 28),  # LONG_BINGET of nothing
+    b"(" * 64,
+    b"]q\x00h\x00a",  # a self-referencing list
+    b"N",
+    b"0",
+    b"t",
+    b"R",
+    b"b",
+    b"Q",
+    b"s",
+    b"u",
+    b"e",
+    b"\x82\x01",  # EXT1
+    b"\x8d" + struct.pack("<Q", 1 << 40),  # BINUNICODE8 of 2**40 bytes
+    b"\x8e" + struct.pack("<Q", 1 << 33),  # BINBYTES8 of 8 GiB
+    b"\x93",
+    b"h\x00",
+    b".",
+)
+
+
+def _ops(data: bytes) -> list[tuple[str, object, int, int]]:
+    """(opcode name, argument, start, end) of each opcode, through STOP."""
+    found: list[tuple[str, object, int, int]] = []
+    previous: tuple[str, object, int] | None = None
+    stream = io.BytesIO(data)
+    for opcode, arg, pos in pickletools.genops(stream):
+        if previous is not None:
+            found.append((*previous, pos))
+        previous = (opcode.name, arg, pos if pos is not None else 0)
+    if previous is not None:
+        found.append((*previous, stream.tell()))
+    return found
+
+
+def mutate_pickle(data: bytes, rng: random.Random) -> bytes:
+    """One opcode-level edit (delete, duplicate, swap, new integer, new global, new string, insert),
+    falling back to a byte edit when the pickle no longer parses."""
+    try:
+        ops = _ops(data)
+    except Exception:
+        return mutate_bytes(data, rng)
+    if not ops:
+        return mutate_bytes(data, rng)
+    name, arg, start, end = rng.choice(ops)
+    action = rng.randrange(7)
+    if action == 0:
+        return data[:start] + data[end:]
+    if action == 1:
+        return data[:end] + data[start:end] + data[end:]
+    if action == 2:
+        _, _, start2, end2 = rng.choice(ops)
+        (a, b), (c, d) = sorted(((start, end), (start2, end2)))
+        if b <= c:
+            return data[:a] + data[c:d] + data[b:c] + data[a:b] + data[d:]
+        return data
+    if action == 3:
+        ints = [op for op in ops if isinstance(op[1], int) and not isinstance(op[1], bool)]
+        if ints:
+            _, _, start, end = rng.choice(ints)
+            return data[:start] + mh.integer(rng.choice(INTERESTING)) + data[end:]
+    if action == 4:
+        globals_ = [op for op in ops if op[0] in ("GLOBAL", "INST")]
+        if globals_:
+            _, _, start, end = rng.choice(globals_)
+            return data[:start] + mh.glob(*rng.choice(GLOBALS)) + data[end:]
+        return data[:start] + mh.glob(*rng.choice(GLOBALS)) + data[start:]
+    if action == 5:
+        strings = [op for op in ops if isinstance(op[1], str) and op[0] != "GLOBAL"]
+        if strings:
+            _, _, start, end = rng.choice(strings)
+            return data[:start] + mh.text(rng.choice(STRINGS)) + data[end:]
+    return data[:start] + rng.choice(SNIPPETS) + data[start:]
+
+
+# --- zip (torch.save) mutations ----------------------------------------------------------------
+
+
+def _members(data: bytes) -> list[mh.Member]:
+    archive = zipfile.ZipFile(io.BytesIO(data))
+    return [mh.Member(info.filename, archive.read(info), info.compress_type) for info in archive.infolist()]
+
+
+def mutate_torch_zip(data: bytes, rng: random.Random) -> bytes:
+    """Mostly the pickle (rebuilt into the archive); sometimes names, duplicates or compression."""
+    try:
+        members = _members(data)
+    except Exception:
+        return mutate_bytes(data, rng)
+    pickles = [m for m in members if m.name.endswith("data.pkl")]
+    action = rng.randrange(10)
+    if action < 6 and pickles:
+        pickles[0].data = mutate_pickle(pickles[0].data, rng)
+    elif action == 6 and members:
+        member = rng.choice(members)
+        member.name = rng.choice(
+            ("../x", "/abs", "a/../../b", member.name + "/", pickles[0].name if pickles else "x")
+        )
+    elif action == 7 and members:
+        members.append(rng.choice(members))
+    elif action == 8 and members:
+        member = rng.choice(members)
+        member.compress = rng.choice(
+            (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA)
+        )
+    elif members:
+        member = rng.choice(members)
+        member.data = mutate_bytes(member.data, rng)
+    try:
+        return mh.zip_of(members)
+    except Exception:
+        return mutate_bytes(data, rng)
+
+
+def mutate_torch_legacy(data: bytes, rng: random.Random) -> bytes:
+    """One of the five pickles of a legacy stream (usually the object pickle), or a byte edit."""
+    try:
+        bounds, position = [], 0
+        for _ in range(5):
+            stream = io.BytesIO(data[position:])
+            for _ in pickletools.genops(stream):
+                pass
+            bounds.append((position, position + stream.tell()))
+            position += stream.tell()
+    except Exception:
+        return mutate_bytes(data, rng)
+    if rng.random() < 0.25:
+        return mutate_bytes(data, rng)
+    start, end = bounds[3] if rng.random() < 0.6 else rng.choice(bounds)
+    return data[:start] + mutate_pickle(data[start:end], rng) + data[end:]
+
+
+# --- safetensors mutations ---------------------------------------------------------------------
+
+DTYPES = (
+    "F32",
+    "F16",
+    "BF16",
+    "F64",
+    "I64",
+    "U8",
+    "BOOL",
+    "F8_E4M3",
+    "C64",
+    "Q7",
+    "",
+    "f32",
+    5,
+    None,
+    ["F32"],
+)
+SHAPES: tuple[object, ...] = (
+    [],
+    [0],
+    [-1],
+    [2**63],
+    [2**70, 0],
+    [0, 2**70],
+    [1] * 65,
+    [3, 5],
+    "4",
+    [1.5],
+    [True],
+)
+
+
+def _split_safetensors(data: bytes) -> tuple[dict[str, object], bytes] | None:
+    if len(data) < 8:
+        return None
+    (length,) = struct.unpack("<Q", data[:8])
+    try:
+        header = json.loads(data[8 : 8 + length])
+    except Exception:
+        return None
+    return (header, data[8 + length :]) if isinstance(header, dict) else None
+
+
+def _offsets(rng: random.Random, pair: object) -> object:
+    begin, end = pair if isinstance(pair, list) and len(pair) == 2 else (0, 0)
+    begin, end = (begin, end) if isinstance(begin, int) and isinstance(end, int) else (0, 0)
+    delta = rng.choice((1, 2, 4, 8, 16, 2**32, 2**64))
+    return rng.choice(
+        (
+            [end, begin],
+            [begin, end + delta],
+            [begin - delta, end],
+            [begin + delta, end + delta],
+            [begin],
+            [0, 2**64],
+        )
+    )
+
+
+def mutate_header(header: dict[str, object], rng: random.Random) -> None:
+    """One edit of a safetensors header (in place)."""
+    names = [k for k in header if k != "__metadata__"]
+    action = rng.randrange(8)
+    if not names or action == 7:
+        header["__metadata__"] = rng.choice(
+            (
+                {},
+                {"a": 1},
+                [],
+                {"tieaudit.ties": "{"},
+                {"tieaudit.ties": '{"x": {"source": 1}}'},
+                {"x": names[0] if names else "y"},
+            )
+        )
+        return
+    name = rng.choice(names)
+    entry = header[name]
+    if not isinstance(entry, dict):
+        header[name] = {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}
+        return
+    if action == 0:
+        entry["dtype"] = rng.choice(DTYPES)
+    elif action == 1:
+        entry["shape"] = (
+            rng.choice(SHAPES)
+            if rng.random() < 0.5
+            else [rng.randrange(0, 9) for _ in range(rng.randrange(4))]
+        )
+    elif action == 2:
+        entry["data_offsets"] = _offsets(rng, entry.get("data_offsets"))
+    elif action == 3:
+        entry.pop(rng.choice(("dtype", "shape", "data_offsets")), None)
+    elif action == 4:
+        header[name + rng.choice(("", "_copy", "\x00", "/../x"))] = dict(entry)
+    elif action == 5:
+        del header[name]
+    else:
+        other = header.get(rng.choice(names))
+        if isinstance(other, dict):
+            entry["data_offsets"] = other.get("data_offsets")
+
+
+def mutate_safetensors(data: bytes, rng: random.Random) -> bytes:
+    parts = _split_safetensors(data)
+    if parts is None or rng.random() < 0.2:
+        return mutate_bytes(data, rng)
+    header, body = parts
+    mutate_header(header, rng)
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    length = len(raw)
+    if rng.random() < 0.15:
+        length = rng.choice((length - 1, length + 8, 0, 100_000_000, 2**64 - 1, len(raw) + len(body)))
+    if rng.random() < 0.15:
+        body = body[: rng.randrange(len(body) + 1)]
+    return struct.pack("<Q", length % 2**64) + raw + body
+
+
+# --- ONNX mutations ----------------------------------------------------------------------------
+
+LOCATIONS = (
+    "w.bin",
+    "weights.bin",
+    "../w.bin",
+    "/etc/passwd",
+    "sub/w.bin",
+    "w.bin\x00x",
+    "",
+    ".",
+    "..\\w.bin",
+)
+COUNTS = ("0", "64", "4096", "32768", "9" * 30, "-1", "abc", "")
+
+
+def mutate_onnx(data: bytes, rng: random.Random) -> bytes:
+    """One edit of a ModelProto's initializers, nodes or metadata; a byte edit when it no longer parses."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    try:
+        model = onnx.ModelProto.FromString(data)
+    except Exception:
+        return mutate_bytes(data, rng)
+    graph = model.graph
+    inits = list(graph.initializer)
+    action = rng.randrange(9)
+    if inits and action < 5:
+        init = rng.choice(graph.initializer)
+        if action == 0:
+            del init.dims[:]
+            init.dims.extend(rng.choice(([0], [-1], [2**62, 2**62], [1] * 65, [4, 4], [rng.randrange(9)])))
+        elif action == 1:
+            init.data_type = rng.choice((0, 1, 2, 7, 8, 10, 16, 17, 22, 23, 40, 10**6))
+        elif action == 2:
+            init.raw_data = init.raw_data[: rng.randrange(len(init.raw_data) + 1)] + rng.randbytes(
+                rng.randrange(5)
+            )
+        elif action == 3:
+            init.data_location = TensorProto.EXTERNAL
+            del init.external_data[:]
+            for key, values in (("location", LOCATIONS), ("offset", COUNTS), ("length", COUNTS)):
+                if rng.random() < 0.85:
+                    init.external_data.add(key=key, value=rng.choice(values))
+        else:
+            init.name = rng.choice(("", inits[0].name, "x" * 200, init.name + "_2"))
+    elif action == 5:
+        source = rng.choice([i.name for i in inits] or ["x"])
+        nodes = [helper.make_node("Identity", [source], ["a"]), helper.make_node("Identity", ["a"], [source])]
+        graph.node.extend(nodes[: rng.randrange(1, 3)])
+    elif action == 6:
+        value = helper.make_tensor("v", TensorProto.FLOAT, [1], [1.0])
+        graph.node.append(helper.make_node("Constant", [], [rng.choice(("c", "E", ""))], value=value))
+    elif action == 7:
+        sub = helper.make_graph([], "sub", [], [], [helper.make_tensor("E", TensorProto.FLOAT, [1], [2.0])])
+        graph.node.append(helper.make_node("If", ["cond"], ["o"], then_branch=sub, else_branch=sub))
+    else:
+        entry = model.metadata_props.add()
+        entry.key, entry.value = (
+            "tieaudit.ties",
+            rng.choice(("{", "[]", '{"a": {"source": "E", "relation": "cast"}}')),
+        )
+    try:
+        return bytes(model.SerializeToString())
+    except Exception:
+        return mutate_bytes(data, rng)
+
+
+# --- bundles -----------------------------------------------------------------------------------
+
+CONFIG_EDITS: tuple[tuple[str, object], ...] = (
+    ("architectures", ["LlamaForCausalLM"]),
+    ("architectures", ["GPT2LMHeadModel"]),
+    ("architectures", ["NopeForCausalLM"]),
+    ("architectures", "LlamaForCausalLM"),
+    ("architectures", [5]),
+    ("tie_word_embeddings", True),
+    ("tie_word_embeddings", False),
+    ("tie_word_embeddings", "yes"),
+    ("vocab_size", -1),
+    ("vocab_size", 2**70),
+    ("vocab_size", "x"),
+    ("text_config", {"tie_word_embeddings": True, "vocab_size": 3}),
+    ("text_config", []),
+)
+
+
+def _mutate_json_file(data: bytes, rng: random.Random, index: bool) -> bytes:
+    try:
+        value = json.loads(data)
+    except Exception:
+        return mutate_bytes(data, rng)
+    if not isinstance(value, dict) or rng.random() < 0.15:
+        return mutate_bytes(data, rng)
+    if index:
+        weight_map = value.get("weight_map")
+        if isinstance(weight_map, dict) and weight_map and rng.random() < 0.7:
+            key = rng.choice(sorted(weight_map))
+            files = sorted({v for v in weight_map.values() if isinstance(v, str)}) or ["x"]
+            weight_map[key] = rng.choice(
+                (*files, "../x.safetensors", "/etc/passwd", "missing.safetensors", 5)
+            )
+        else:
+            value[rng.choice(("weight_map", "metadata"))] = rng.choice(({}, [], {"a": "b"}, None))
+    else:
+        key, new = rng.choice(CONFIG_EDITS)
+        value[key] = new
+    return json.dumps(value).encode()
+
+
+def mutate_bundle(data: bytes, rng: random.Random) -> bytes:
+    """Edit one file of a bundle the way its kind is edited; or drop, rename or duplicate a file."""
+    files = unpack(data)
+    if not files:
+        return mutate_bytes(data, rng)
+    name = rng.choice(sorted(files))
+    action = rng.randrange(10)
+    if action == 0 and len(files) > 1:
+        del files[name]
+    elif action == 1:
+        files[rng.choice(("model.safetensors", "pytorch_model.bin", name + ".bak", "model.onnx"))] = (
+            files.pop(name)
+        )
+    elif name.endswith(".safetensors"):
+        files[name] = mutate_safetensors(files[name], rng)
+    elif name.endswith(".onnx"):
+        files[name] = mutate_onnx(files[name], rng)
+    elif name.endswith(".json"):
+        files[name] = _mutate_json_file(files[name], rng, index=name.endswith("index.json"))
+    elif name.endswith(".bin") and files[name][:2] == b"PK":
+        files[name] = mutate_torch_zip(files[name], rng)
+    else:
+        files[name] = files[name][: rng.randrange(len(files[name]) + 1)]
+    return pack(files)
+
+
+MUTATORS: dict[str, Callable[[bytes, random.Random], bytes]] = {
+    "safetensors": mutate_safetensors,
+    "torch-zip": mutate_torch_zip,
+    "torch-legacy": mutate_torch_legacy,
+    "onnx": mutate_onnx,
+    "onnx-external": mutate_bundle,
+    "hf-dir": mutate_bundle,
+    "sniff": mutate_bytes,
+}
+
+
+def _edit(kind: str, data: bytes, rng: random.Random) -> bytes:
+    try:
+        return mutate_bytes(data, rng) if rng.random() < 0.2 else MUTATORS[kind](data, rng)
+    except Exception:
+        return mutate_bytes(data, rng)
+
+
+def mutate(kind: str, data: bytes, rng: random.Random, rounds: int = 1) -> bytes:
+    """rounds edits: structured ones for the kind, with a byte edit now and then. Never raises: a
+    structured edit that cannot be made (protobuf refusing a mutated name, ...) becomes a byte edit."""
+    for _ in range(rounds):
+        data = _edit(kind, data, rng)
+    return data
+
+
+# --- seeds -------------------------------------------------------------------------------------
+
+
+def _folder(path: Path, names: tuple[str, ...] | None = None) -> bytes:
+    files = {p.name: p.read_bytes() for p in sorted(path.iterdir()) if p.is_file()}
+    return pack({k: v for k, v in files.items() if names is None or k in names})
+
+
+def seeds(generated: Path = GENERATED) -> dict[str, list[bytes]]:
+    """Valid inputs per kind: small hand-built ones always, real producers' files when generated."""
+    out: dict[str, list[bytes]] = {
+        "safetensors": [mh.valid_safetensors()],
+        "torch-zip": [mh.valid_torch_zip()],
+        "torch-legacy": [mh.valid_torch_legacy()],
+        "onnx": [mh.valid_onnx()],
+        "onnx-external": [pack(mh.onnx_two_external())],
+        "hf-dir": [
+            pack(
+                {
+                    "config.json": json.dumps(mh.LLAMA_CONFIG).encode(),
+                    "model.safetensors.index.json": mh._index({"a": "a.safetensors", "b": "b.safetensors"}),
+                    "a.safetensors": mh._shard("a"),
+                    "b.safetensors": mh._shard("b"),
+                }
+            )
+        ],
+        "sniff": [mh.valid_safetensors(), mh.valid_torch_zip(), mh.valid_onnx()],
+    }
+    real = {
+        "safetensors": ["safetensors/cloned_head.safetensors", "safetensors/cast_copy.safetensors"],
+        "torch-zip": [
+            "torch/tied_lm.pt",
+            "torch/transposed_view.pt",
+            "torch/overlapping_views.pt",
+            "torch/bf16_tied.pt",
+        ],
+        "torch-legacy": ["torch/legacy_tied.pt"],
+        "onnx": ["onnx/helper_shared.onnx", "onnx/helper_subgraph.onnx"],
+    }
+    for kind, files in real.items():
+        out[kind] += [(generated / f).read_bytes() for f in files if (generated / f).is_file()]
+    for folder, kind in (("onnx/helper_shared_external", "onnx-external"), ("hf/hub_sharded_tied", "hf-dir")):
+        if (generated / folder).is_dir():
+            out[kind].append(_folder(generated / folder))
+    if (generated / "hf/llama_tied").is_dir():
+        out["hf-dir"].append(_folder(generated / "hf/llama_tied", ("config.json", "model.safetensors")))
+    return out
+
+
+def hostile_seeds() -> dict[str, list[bytes]]:
+    """The committed hostile files, by the kind whose reader they attack (code-execution ones included)."""
+    by_tag = {"zip": "torch-zip", "legacy": "torch-legacy", "safetensors": "safetensors", "onnx": "onnx"}
+    out: dict[str, list[bytes]] = {kind: [] for kind in KINDS}
+    for case in mh.CASES:
+        path = HOSTILE / case.name
+        kinds = [by_tag[tag] for tag in case.tags if tag in by_tag]
+        if case.committed and path.is_file() and kinds:
+            out[kinds[-1]].append(path.read_bytes())
+    return out
+
+
+def all_seeds() -> dict[str, list[bytes]]:
+    found = seeds()
+    for kind, extra in hostile_seeds().items():
+        found[kind].extend(extra)
+    return found
+
+
+def run_one(
+    kind: str, data: bytes, scratch: Path, seconds: float | None = 10.0, audit: bool = False
+) -> Outcome:
+    """check_one in a fresh folder under scratch (removed after), within seconds unless None
+    (under libFuzzer, whose own -timeout owns SIGALRM)."""
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(dir=scratch))
+    try:
+        if seconds is None:
+            return check_one(kind, data, folder, audit)
+        with time_limit(seconds):
+            return check_one(kind, data, folder, audit)
+    finally:
+        for path in [folder, *folder.rglob("*")]:
+            if not path.is_symlink():
+                os.chmod(path, 0o755)
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,30 @@
+"""Limits every tensor a reader returns must meet, so that ``Checkpoint.array`` can view it.
+
+A hostile header can describe a tensor with no bytes at all (a zero dimension) but a shape or
+strides no numpy view can hold; readers refuse those here rather than leave them to fail later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tieaudit.errors import InputError
+
+MAX_DIMS = 64
+"""numpy's limit on dimensions (NPY_MAXDIMS)."""
+MAX_BYTES = 2**63 - 1
+"""Largest byte extent, stride or offset a numpy view can express (npy_intp)."""
+
+
+def check_viewable(
+    name: str, shape: Sequence[int], strides: Sequence[int], itemsize: int, byte_offset: int, path: str
+) -> None:
+    """Raise InputError unless a numpy view of this shape, strides and offset can exist."""
+    if len(shape) > MAX_DIMS:
+        count = len(shape)
+        raise InputError(f"tensor {name!r} has {count} dimensions; at most {MAX_DIMS} can be viewed", path)
+    extent = itemsize
+    for dim in shape:
+        extent *= max(dim, 1)  # numpy checks the size as if empty dimensions were 1
+    if extent > MAX_BYTES or byte_offset > MAX_BYTES or any(abs(s) * itemsize > MAX_BYTES for s in strides):
+        raise InputError(f"tensor {name!r}: shape or strides too large to address ({list(shape)[:8]})", path)
