@@ -170,7 +170,8 @@ def check(
     baseline = load_baseline(baseline_path) if baseline_path else None
     root = fingerprint_root(baseline, write_baseline_path)
     result = run_check(paths, policy, exclude, jobs or default_jobs(), baseline, root, sys.stderr.isatty())
-    write_output(render_check(result, fmt, color=output is None and sys.stdout.isatty()), output)
+    if result.checked:  # no report at all when every path was bad input: nothing is written
+        write_output(render_check(result, fmt, color=output is None and sys.stdout.isatty()), output)
     for error in result.errors:
         click.echo(f"tieaudit: error: {error.path}: {error.message}", err=True)
     if fmt == "text" and len(result.checked) + len(result.errors) > 1:
