@@ -17,6 +17,9 @@ ROOT = Path(__file__).resolve().parent.parent
 GENERATOR = ROOT / "fixtures" / "generate.py"
 GENERATED = ROOT / "fixtures" / "generated"
 MALFORMED = ROOT / "fixtures" / "malformed"
+# The producer modules (fixtures/producers_*.py) hold the toy models the tests rebuild; importing
+# them imports torch, so tests import them themselves.
+sys.path.insert(0, str(ROOT / "fixtures"))
 
 # Every fixture fixtures/generate.py must produce; tests parametrize over this list.
 FIXTURE_NAMES = [

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from producers_torch import HIDDEN, VOCAB, ToyLM
 from safetensors import safe_open
 from safetensors.torch import load_file, load_model, save_file
-from torch import nn
 
 import tieaudit.repair.retie as retie_module
 from tieaudit import load_tied
@@ -34,24 +34,8 @@ transformers.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
 
 ALL = frozenset({"equal", "transposed", "cast"})
-VOCAB, HIDDEN = 256, 32
 HEADER_SLACK = 4096
 IDS = torch.arange(VOCAB).reshape(4, 64) % VOCAB
-
-
-class ToyLM(nn.Module):
-    """The fixtures' toy LM (fixtures/producers_torch.py), rebuilt here: tied or not."""
-
-    def __init__(self, tied: bool) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(VOCAB, HIDDEN)
-        self.norm = nn.LayerNorm(HIDDEN)
-        self.head = nn.Linear(HIDDEN, VOCAB, bias=False)
-        if tied:
-            self.head.weight = self.emb.weight
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.head(self.norm(self.emb(ids)))
 
 
 def toy_logits(path: Path, tied: bool) -> torch.Tensor:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import Corpus
+from producers_torch import ToyLM
 from torch import nn
 
 from tieaudit.cli import main
@@ -23,20 +24,6 @@ from tieaudit.repair.retie import RetieResult, retie
 torch.manual_seed(0)
 SLACK = 4096
 """Bytes of zip and pickle overhead allowed between the size saved and the copy's size."""
-
-
-class ToyLM(nn.Module):
-    """Embedding -> LayerNorm -> Linear head, the model of fixtures/producers_torch.py."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(256, 32)
-        self.norm = nn.LayerNorm(32)
-        self.head = nn.Linear(32, 256, bias=False)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.head(self.norm(self.emb(ids)))
-        return out
 
 
 def load(path: Path) -> Any:
@@ -117,7 +104,7 @@ def test_retied_state_dict_gives_the_same_logits(corpus: Corpus, tmp_path: Path)
     source = corpus.path("torch_cloned_head")
     _, out = run_retie(source, tmp_path)
     ids = torch.randint(0, 256, (3, 9))
-    original, repaired = ToyLM(), ToyLM()
+    original, repaired = ToyLM(tied=False), ToyLM(tied=False)
     original.load_state_dict(load(source))
     repaired.load_state_dict(load(out), assign=True)  # assign: the model takes the loaded storages
     assert shares_storage(repaired.emb.weight, repaired.head.weight)
@@ -198,7 +185,7 @@ def test_dry_run_writes_nothing(corpus: Corpus, tmp_path: Path) -> None:
 
 
 def test_legacy_input_with_a_copy(tmp_path: Path) -> None:
-    model = ToyLM()
+    model = ToyLM(tied=False)
     model.head.weight = nn.Parameter(model.emb.weight.detach().clone())
     source = tmp_path / "legacy.pt"
     torch.save(model.state_dict(), source, _use_new_zipfile_serialization=False)
@@ -211,7 +198,7 @@ def test_legacy_input_with_a_copy(tmp_path: Path) -> None:
 
 def nested_checkpoint() -> dict[str, Any]:
     """Copies inside nested dicts, a tuple and a list of Parameters, beside Adam state and plain leaves."""
-    model = ToyLM()
+    model = ToyLM(tied=False)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     model(torch.randint(0, 256, (2, 5))).sum().backward()
     optimizer.step()

@@ -20,6 +20,16 @@ Format = Literal["torch", "safetensors", "onnx", "hf-dir"]
 DeclaredBy = Literal["config", "metadata", "index", "policy"]
 
 
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major strides, in elements, of a tensor stored densely."""
+    strides: list[int] = []
+    step = 1
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= dim
+    return tuple(reversed(strides))
+
+
 @dataclass(frozen=True)
 class StorageInfo:
     """One run of bytes that one or more tensors view."""

@@ -22,7 +22,15 @@ from tieaudit.formats.interface import Reader
 from tieaudit.formats.onnx_external import confine, parse_entries
 from tieaudit.formats.safetensors import TIES_METADATA_KEY, tieaudit_ties
 from tieaudit.formats.viewable import check_viewable
-from tieaudit.model import Checkpoint, Consumer, DeclaredTie, Skipped, StorageInfo, TensorInfo
+from tieaudit.model import (
+    Checkpoint,
+    Consumer,
+    DeclaredTie,
+    Skipped,
+    StorageInfo,
+    TensorInfo,
+    contiguous_strides,
+)
 
 if TYPE_CHECKING:
     from onnx import GraphProto, ModelProto, NodeProto, TensorProto
@@ -93,15 +101,6 @@ def looks_like_model_proto(head: bytes) -> bool:
             return False  # ir_version is a small positive number
         pos = value[1] + (value[0] if wire_type == 2 else 0)
     return True
-
-
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides: list[int] = []
-    step = 1
-    for dim in reversed(shape):
-        strides.append(step)
-        step *= dim
-    return tuple(reversed(strides))
 
 
 def _text(value: str | bytes, what: str, path: str) -> str:
@@ -190,7 +189,7 @@ class _Collector:
         shape = tuple(proto.dims)
         if any(dim < 0 for dim in shape):
             raise InputError(f"tensor {name!r} has a negative dimension {list(shape)}", self.path)
-        check_viewable(name, shape, _contiguous_strides(shape), itemsize(dtype), 0, self.path)
+        check_viewable(name, shape, contiguous_strides(shape), itemsize(dtype), 0, self.path)
         numel = 1
         for dim in shape:
             numel *= dim
@@ -199,7 +198,7 @@ class _Collector:
         else:
             storage = self._embedded(proto, name, dtype, numel)
         self.tensors.append(
-            TensorInfo(name, dtype, shape, _contiguous_strides(shape), storage.storage_id, 0, storage.file)
+            TensorInfo(name, dtype, shape, contiguous_strides(shape), storage.storage_id, 0, storage.file)
         )
         self.consumers[name] = []
         return name

@@ -17,7 +17,7 @@ from tieaudit.dtypes import ITEMSIZE, itemsize
 from tieaudit.errors import InputError
 from tieaudit.formats.interface import Reader
 from tieaudit.formats.viewable import check_viewable
-from tieaudit.model import Checkpoint, DeclaredBy, DeclaredTie, StorageInfo, TensorInfo
+from tieaudit.model import Checkpoint, DeclaredBy, DeclaredTie, StorageInfo, TensorInfo, contiguous_strides
 
 MAX_HEADER_BYTES = 100_000_000  # the limit safetensors itself enforces
 
@@ -61,15 +61,6 @@ class SafetensorsHeader:
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-
-
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides: list[int] = []
-    step = 1
-    for dim in reversed(shape):
-        strides.append(step)
-        step *= dim
-    return tuple(reversed(strides))
 
 
 def _parse_entry(name: str, entry: object, path: str) -> tuple[str, tuple[int, ...], int, int]:
@@ -151,7 +142,7 @@ def read_header(path: str, file: str) -> SafetensorsHeader:
             )
         expected_begin = end
         storages[name] = StorageInfo(name, file, data_start + begin, end - begin, dtype)
-        strides = _contiguous_strides(shape)
+        strides = contiguous_strides(shape)
         check_viewable(name, shape, strides, itemsize(dtype), 0, path)
         tensors.append(TensorInfo(name, dtype, shape, strides, name, 0, file))
     if data_start + expected_begin > size:
