@@ -265,7 +265,7 @@ def summarize(out: Path, engine: str, workers: int, seconds: float, deaths: list
     per_label = Counter()
     for key, count in outcomes.items():
         per_label[key.split("/", 1)[1]] += count
-    executed = list((out / "scratch").rglob(harness.MARKER))
+    executed = markers(out / "scratch")
     return {
         "engine": engine,
         "workers": workers,
@@ -281,6 +281,16 @@ def summarize(out: Path, engine: str, workers: int, seconds: float, deaths: list
         "worker_deaths": deaths,
         "code_executed": len(executed),
     }
+
+
+def markers(scratch: Path) -> list[str]:
+    """Payload marker files under scratch; workers create and delete temp folders meanwhile,
+    so a folder vanishing during the walk is skipped, not an error."""
+    return [
+        os.path.join(folder, harness.MARKER)
+        for folder, _, files in os.walk(scratch, onerror=lambda _error: None)
+        if harness.MARKER in files
+    ]
 
 
 def supervise(args: argparse.Namespace) -> int:
