@@ -511,3 +511,13 @@ def test_mutated_pickles_never_escape_as_crashes(tmp_path: Path, edits: list[tup
                 ckpt.array(info)
     except InputError as exc:
         assert "\n" not in str(exc)
+
+
+@pytest.mark.parametrize("method", [zipfile.ZIP_LZMA, zipfile.ZIP_BZIP2])
+def test_pickle_member_in_lzma_or_bzip2_is_refused_before_decompressing(tmp_path: Path, method: int) -> None:
+    # lzma's decompressor allocates what the member's header asks for (a MemoryError in fuzzing).
+    torch.save({"w": torch.zeros(100)}, tmp_path / "real.pt")
+    with zipfile.ZipFile(tmp_path / "real.pt") as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    path = write_zip(tmp_path / "packed.pt", members, method)
+    assert f"compression method {method}" in str(read_error(path))

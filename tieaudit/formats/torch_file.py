@@ -112,6 +112,14 @@ def _read_member(archive: zipfile.ZipFile, name: str, limit: int, path: str) -> 
     # zipfile never yields more than the declared size, so checking the claim first bounds memory.
     if info.file_size > limit:
         raise InputError(f"zip member {name!r} is larger than {limit} bytes", path)
+    # torch.save writes members stored; zlib's memory is bounded, but lzma's and bzip2's
+    # decompressors allocate what a hostile header asks for (a MemoryError seen in fuzzing).
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        raise InputError(
+            f"zip member {name!r} uses compression method {info.compress_type}, "
+            "which torch.save never writes",
+            path,
+        )
     with archive.open(name) as member:
         data = member.read(limit + 1)
     if len(data) > limit:
