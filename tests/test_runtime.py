@@ -23,7 +23,7 @@ from tieaudit.cli_onnx import export, runtime
 from tieaudit.findings import Finding
 from tieaudit.formats import open_checkpoint
 from tieaudit.formats.onnx_model import load_model
-from tieaudit.report.json_report import _finding
+from tieaudit.report.json_report import finding_dict
 from tieaudit.runtime import measure_runtime, runtime_findings
 from tieaudit.runtime_graph import input_specs
 from tieaudit.runtime_probe import CONFIGS, CRASH_ENV, SLEEP_ENV
@@ -144,7 +144,7 @@ def test_json_report_has_the_schema_configs_and_the_finding_layout(
         in (document["recommendation"]["session_options"])
     )
     [finding] = document["findings"]
-    assert set(finding) == set(_finding(Finding("TIE005", "warning", ("a",), "m", details={"x": 1})))
+    assert set(finding) == set(finding_dict(Finding("TIE005", "warning", ("a",), "m", details={"x": 1})))
     assert finding["rule"] == "TIE005" and finding["kind"] == "runtime-duplicate"
     assert finding["details"]["config"] == "default"
 

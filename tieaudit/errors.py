@@ -7,6 +7,12 @@ exits 2. Any other exception is a tieaudit bug and keeps its traceback.
 from __future__ import annotations
 
 
+def one_line(exc: BaseException, limit: int = 400) -> str:
+    """A foreign exception's message folded onto one line (for 'tieaudit: error: ...')."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 class TieauditError(Exception):
     """Base of every error caused by input or usage, never by a tieaudit bug."""
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from tieaudit.detect import ALL_RELATIONS, CopyGroup
-from tieaudit.errors import TieauditError, UsageError
+from tieaudit.errors import TieauditError, UsageError, one_line
 from tieaudit.export_source import ExportSource, load_source, parameter_sizes
 from tieaudit.findings import Finding
 from tieaudit.repair.plan import Decision
@@ -82,11 +82,6 @@ def _check_out(out: str) -> None:
         raise UsageError("the folder for OUT does not exist", out)
 
 
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 300 else text[:300] + "..."
-
-
 def _torch_export(source: ExportSource, path: str, opset: int | None) -> None:
     import contextlib
     import io
@@ -118,7 +113,7 @@ def _torch_export(source: ExportSource, path: str, opset: int | None) -> None:
         while root.__cause__ is not None:  # the exporter wraps torch.export's error: name the cause
             root = root.__cause__
         first = next((line for line in str(root).splitlines() if line.strip()), "")
-        what = f"{type(root).__name__}: {_one_line(Exception(first))}"
+        what = f"{type(root).__name__}: {one_line(Exception(first))}"
         raise ExportError(f"torch.onnx.export(dynamo=True) failed: {what}") from exc
     finally:
         logging.disable(logging.NOTSET)
@@ -142,7 +137,7 @@ def _parity(source: ExportSource, path: str, expected: list[np.ndarray]) -> floa
     try:
         session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
-        raise ExportError(f"onnxruntime cannot load the export: {_one_line(exc)}") from exc
+        raise ExportError(f"onnxruntime cannot load the export: {one_line(exc)}") from exc
     tensors = [t for t in torch.utils._pytree.tree_leaves(source.inputs) if isinstance(t, torch.Tensor)]
     inputs = session.get_inputs()
     if len(inputs) != len(tensors):

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from tieaudit.detect import ALL_RELATIONS, DEFAULT_MIN_BYTES, CopyGroup, find_copies, lookup_tables
 from tieaudit.errors import UsageError
 from tieaudit.formats import open_checkpoint
-from tieaudit.formats.onnx_model import ONNX_DTYPES, _is_op
+from tieaudit.formats.onnx_model import ONNX_DTYPES, is_op
 from tieaudit.model import Checkpoint
 from tieaudit.runtime_probe import DEFAULT_FOLD_LIMIT
 
@@ -127,7 +127,7 @@ def _vocabulary(model: ModelProto, ckpt: Checkpoint, input_name: str) -> int | N
     readers: dict[str, list[tuple[str, int, list[str], list[str]]]] = defaultdict(list)
     for node in model.graph.node:
         for slot, value in enumerate(node.input):
-            op_type = node.op_type if _is_op(node, node.op_type) else ""  # standard domain only
+            op_type = node.op_type if is_op(node, node.op_type) else ""  # standard domain only
             readers[value].append((op_type, slot, list(node.input), list(node.output)))
     tables = {t.name: t.shape[0] for t in ckpt.tensors if t.shape}
     found: list[int] = []

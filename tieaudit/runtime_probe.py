@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tieaudit.errors import TieauditError
+from tieaudit.errors import TieauditError, one_line
 
 FOLD_LIMIT_KEY = "optimization.constant_folding_max_output_size_in_bytes"
 DISABLED_OPTIMIZERS_KEY = "optimization.disable_specified_optimizers"
@@ -253,11 +253,6 @@ def run_probe(request: Mapping[str, object], timeout: float) -> dict[str, Any]:
     return result
 
 
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 400 else text[:400] + "..."
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point: REQUEST_JSON in argv, one JSON line out; 0 measured, 3 ONNX Runtime refused."""
     args = sys.argv[1:] if argv is None else argv
@@ -276,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 3
     except Exception as exc:  # onnxruntime's errors are plain RuntimeError/Fail subclasses: report any
-        message = f"{type(exc).__name__}: {_one_line(exc)}"
+        message = f"{type(exc).__name__}: {one_line(exc)}"
         if "bad_alloc" in message and limit:
             message += " (the --memory-limit was reached)"
         print(json.dumps({"ok": False, "error": message}), flush=True)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from tieaudit.bytestore import ByteStore
 from tieaudit.dtypes import itemsize
-from tieaudit.errors import InputError
+from tieaudit.errors import InputError, one_line
 from tieaudit.formats.interface import Reader
 from tieaudit.formats.onnx_external import confine, parse_entries
 from tieaudit.formats.safetensors import TIES_METADATA_KEY, tieaudit_ties
@@ -110,10 +110,6 @@ def _text(value: str | bytes, what: str, path: str) -> str:
     return value
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
 def load_model(path: str) -> ModelProto:
     """The ModelProto at path, without external data; parse failures become InputError."""
     import onnx
@@ -124,13 +120,13 @@ def load_model(path: str) -> ModelProto:
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror or exc}", path) from exc
     except (DecodeError, ValueError, RuntimeError, TypeError) as exc:
-        raise InputError(f"not a valid ONNX protobuf: {_one_line(exc)}", path) from exc
+        raise InputError(f"not a valid ONNX protobuf: {one_line(exc)}", path) from exc
     if not model.HasField("graph"):
         raise InputError("not a valid ONNX protobuf: the model has no graph", path)
     return model
 
 
-def _subgraphs(node: NodeProto, node_path: str) -> Iterator[tuple[str, GraphProto]]:
+def subgraphs(node: NodeProto, node_path: str) -> Iterator[tuple[str, GraphProto]]:
     for attr in node.attribute:
         if attr.HasField("g"):
             yield f"{node_path}/{attr.name}", attr.g
@@ -138,7 +134,7 @@ def _subgraphs(node: NodeProto, node_path: str) -> Iterator[tuple[str, GraphProt
             yield f"{node_path}/{attr.name}[{index}]", graph
 
 
-def _is_op(node: NodeProto, op_type: str) -> bool:
+def is_op(node: NodeProto, op_type: str) -> bool:
     return node.op_type == op_type and node.domain in _ONNX_DOMAINS
 
 
@@ -226,7 +222,7 @@ class _Collector:
         try:
             array = numpy_helper.to_array(proto)
         except (ValueError, TypeError) as exc:
-            raise InputError(f"tensor {name!r}: cannot decode values: {_one_line(exc)}", self.path) from exc
+            raise InputError(f"tensor {name!r}: cannot decode values: {one_line(exc)}", self.path) from exc
         if array.size != numel or array.dtype.itemsize != itemsize(dtype):
             raise InputError(
                 f"tensor {name!r}: holds {array.size} values of {array.dtype.itemsize} bytes, "
@@ -280,14 +276,14 @@ class _Collector:
         for node in graph.node:
             for output in node.output:
                 scope[output] = None
-            if _is_op(node, "Constant") and node.output:
+            if is_op(node, "Constant") and node.output:
                 scope[node.output[0]] = self._constant(node, graph_path)
 
     def _resolve_identities(self, graph: GraphProto, scope: Scope) -> None:
         source_of = {
             _text(node.output[0], "value name", self.path): _text(node.input[0], "value name", self.path)
             for node in graph.node
-            if _is_op(node, "Identity") and node.input and node.output
+            if is_op(node, "Identity") and node.input and node.output
         }
         resolved: dict[str, str | None] = {}
 
@@ -325,7 +321,7 @@ class _Collector:
                 target = scope.get(value) if value else None
                 if target is not None:
                     self.consumers[target].append(Consumer(node_name, op_type, slot, label))
-            for sub_path, subgraph in _subgraphs(node, prefix + node_name):
+            for sub_path, subgraph in subgraphs(node, prefix + node_name):
                 self.walk(subgraph, sub_path, scope)
 
     def checkpoint(self, declared: tuple[DeclaredTie, ...] = ()) -> Checkpoint:

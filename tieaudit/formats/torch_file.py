@@ -240,7 +240,7 @@ def _read_legacy(path: str, handle: io.BufferedReader) -> tuple[object, dict[str
     return root, storages, locate
 
 
-def _key_name(key: object) -> str:
+def key_name(key: object) -> str:
     if isinstance(key, str):
         return key
     if isinstance(key, int) and not isinstance(key, bool):
@@ -250,7 +250,7 @@ def _key_name(key: object) -> str:
 
 def _children(value: object) -> Iterator[tuple[str, object]] | None:
     if isinstance(value, dict):
-        return ((_key_name(key), item) for key, item in value.items())
+        return ((key_name(key), item) for key, item in value.items())
     if isinstance(value, (list, tuple)):
         return ((str(index), item) for index, item in enumerate(value))
     return None

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tieaudit.errors import InputError, UsageError
-from tieaudit.formats.onnx_model import ONNX_DTYPES, _is_op, _one_line, _subgraphs, load_model
+from tieaudit.errors import InputError, UsageError, one_line
+from tieaudit.formats.onnx_model import ONNX_DTYPES, is_op, load_model, subgraphs
 from tieaudit.formats.safetensors import TIES_METADATA_KEY
 from tieaudit.model import Checkpoint, TensorInfo
 from tieaudit.repair.interface import Writer
@@ -91,13 +91,13 @@ def _index(edits: _Edits, graph: GraphProto, path: str, scopes: tuple[str, ...],
     for init in graph.initializer:
         edits.sites[unique(init.name)] = _Site(label, scopes, init.name, init, False)
     for node in graph.node:
-        if _is_op(node, "Constant") and node.output:
+        if is_op(node, "Constant") and node.output:
             attr = next((a for a in node.attribute if a.name == "value" and a.HasField("t")), None)
             if attr is not None:
                 edits.sites[unique(node.output[0])] = _Site(label, scopes, node.output[0], attr.t, True)
     prefix = f"{path}/" if path else ""
     for index, node in enumerate(graph.node):
-        for sub_path, subgraph in _subgraphs(node, prefix + (node.name or f"#{index}")):
+        for sub_path, subgraph in subgraphs(node, prefix + (node.name or f"#{index}")):
             _index(edits, subgraph, sub_path, scopes, taken)
 
 
@@ -112,7 +112,7 @@ def _remove(graph: GraphProto, site: _Site) -> None:
     """Delete the tensor's definition (initializer and its pre-IR-4 graph input, or Constant node)."""
     if site.constant:
         del graph.node[
-            next(i for i, n in enumerate(graph.node) if _is_op(n, "Constant") and n.output[0] == site.value)
+            next(i for i, n in enumerate(graph.node) if is_op(n, "Constant") and n.output[0] == site.value)
         ]
     _delete_named(graph.initializer, site.value)
     _delete_named(graph.input, site.value)
@@ -124,7 +124,7 @@ def _repoint(graph: GraphProto, old: str, new: str, own: bool) -> None:
         for slot, value in enumerate(node.input):
             if value == old:
                 node.input[slot] = new
-        for _, subgraph in _subgraphs(node, ""):
+        for _, subgraph in subgraphs(node, ""):
             _repoint(subgraph, old, new, own=False)
     if not own or all(output.name != old for output in graph.output):
         _delete_named(graph.value_info, old)  # it would describe a value that no longer exists
@@ -294,5 +294,5 @@ class OnnxWriter(Writer):
         try:
             onnx.checker.check_model(out)  # the path: external data is checked where it now lives
         except (onnx.checker.ValidationError, ValueError, RuntimeError) as exc:
-            raise InputError(f"the rewritten model fails onnx.checker: {_one_line(exc)}", out) from exc
+            raise InputError(f"the rewritten model fails onnx.checker: {one_line(exc)}", out) from exc
         return files

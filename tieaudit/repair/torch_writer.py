@@ -16,7 +16,7 @@ from typing import Any
 
 from tieaudit.errors import InputError
 from tieaudit.formats.torch_file import ROOT_NAME, ZIP_MAGIC
-from tieaudit.formats.torch_file import _key_name as key_name  # the reader's naming, shared on purpose
+from tieaudit.formats.torch_file import key_name as key_name  # the reader's naming, shared on purpose
 from tieaudit.model import Checkpoint
 from tieaudit.repair.interface import Writer
 from tieaudit.repair.plan import Decision, RetiePlan

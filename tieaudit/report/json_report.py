@@ -12,7 +12,7 @@ from tieaudit.findings import Finding
 SCHEMA = "tieaudit.report/1"
 
 
-def _finding(finding: Finding) -> dict[str, Any]:
+def finding_dict(finding: Finding) -> dict[str, Any]:
     return {
         "rule": finding.rule,
         "kind": finding.kind,
@@ -69,7 +69,7 @@ def report_dict(audit: Audit) -> dict[str, Any]:
             }
             for s in audit.graph.ties
         ],
-        "findings": [_finding(f) for f in audit.findings],
+        "findings": [finding_dict(f) for f in audit.findings],
         "summary": audit.summary(),
     }
     if ckpt.skipped:

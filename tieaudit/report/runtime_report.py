@@ -7,7 +7,7 @@ from typing import Any
 
 from tieaudit import __version__
 from tieaudit.export import ExportResult
-from tieaudit.report.json_report import _finding
+from tieaudit.report.json_report import finding_dict
 from tieaudit.runtime import ConfigResult, RuntimeReport
 from tieaudit.units import human_bytes
 
@@ -198,7 +198,7 @@ def runtime_dict(report: RuntimeReport) -> dict[str, Any]:
             "latency_cost_vs_default": rec.latency_cost,
             "session_options": list(rec.python),
         },
-        "findings": [_finding(f) for f in report.findings],
+        "findings": [finding_dict(f) for f in report.findings],
         "errors": [{"config": r.config.name, "message": r.error} for r in report.errors],
         "summary": {
             "configs": len(report.configs),
