@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tieaudit.errors import InputError, UsageError
+from tieaudit.errors import InputError, UsageError, one_line
 
 if TYPE_CHECKING:
     import torch
@@ -45,6 +45,24 @@ def parameter_sizes(module: torch.nn.Module) -> dict[int, int]:
     return {id(p): p.numel() * p.element_size() for p in module.parameters()}
 
 
+def logits_only(model: torch.nn.Module) -> torch.nn.Module:
+    """A causal LM as input_ids -> logits, in eval mode. The explicit mask of ones keeps
+    transformers off aten::diff, which the TorchScript exporter cannot export."""
+    import torch
+
+    class LogitsOnly(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.m = model
+
+        def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+            mask = torch.ones_like(input_ids)
+            logits: torch.Tensor = self.m(input_ids=input_ids, attention_mask=mask, use_cache=False).logits
+            return logits
+
+    return LogitsOnly().eval()
+
+
 def _hf_source(folder: str, dims: Mapping[str, int]) -> ExportSource:
     import torch
 
@@ -58,21 +76,8 @@ def _hf_source(folder: str, dims: Mapping[str, int]) -> ExportSource:
     try:
         loaded = transformers.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
-        message = " ".join(str(exc).split())[:300]
-        raise InputError(f"transformers cannot load it as a causal LM: {message}", folder) from exc
+        raise InputError(f"transformers cannot load it as a causal LM: {one_line(exc, 300)}", folder) from exc
     model: torch.nn.Module = loaded.eval()  # type: ignore[no-untyped-call]
-
-    class LogitsOnly(torch.nn.Module):
-        """input_ids -> logits; the mask of ones keeps transformers off aten::diff."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.m = model
-
-        def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-            mask = torch.ones_like(input_ids)
-            logits: torch.Tensor = self.m(input_ids=input_ids, attention_mask=mask, use_cache=False).logits
-            return logits
 
     batch, sequence = dims.get("batch", 1), dims.get("sequence", 8)
     embedding: Any = loaded.get_input_embeddings()
@@ -80,7 +85,7 @@ def _hf_source(folder: str, dims: Mapping[str, int]) -> ExportSource:
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (batch, sequence), dtype=torch.int64, generator=generator)
     return ExportSource(
-        LogitsOnly().eval(),
+        logits_only(model),
         (ids,),
         ("input_ids",),
         ("logits",),
