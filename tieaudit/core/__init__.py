@@ -1,0 +1,1 @@
+"""The bottom layer: records, byte access, errors and text handling every stage shares."""

@@ -1,0 +1,36 @@
+"""One escaping function for every name, path and message that came from input.
+
+Tensor names, index entries, external-data locations and file names are chosen by whoever made
+the checkpoint. Printed raw, a newline forges a line in a CI log (``::error file=...::``), an ESC
+starts a terminal control sequence, a bidi override reorders what a reviewer reads, and a file
+name that is not UTF-8 cannot be encoded at all. ``printable`` makes any of them one visible line.
+"""
+
+from __future__ import annotations
+
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
+
+
+def _escaped(char: str) -> str:
+    named = _NAMED.get(char)
+    if named is not None:
+        return named
+    code = ord(char)
+    if 0xDC80 <= code <= 0xDCFF:  # a byte that was not UTF-8 (os.fsdecode's surrogateescape)
+        return f"\\x{code - 0xDC00:02x}"
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def printable(text: str) -> str:
+    """text with every character a terminal or log would act on shown as an escape.
+
+    Kept: printable characters (letters of any script, digits, punctuation, the space). Escaped:
+    control and format characters (``\\n``, ``\\x1b``, bidi overrides ``\\u202e``), separators
+    other than the space, undecodable bytes (``\\xff``), and the backslash itself (``\\\\``), so
+    that an escape in the output always means the input held that character.
+    """
+    if text.isprintable() and "\\" not in text:
+        return text
+    return "".join(char if char.isprintable() and char != "\\" else _escaped(char) for char in text)
