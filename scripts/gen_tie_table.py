@@ -99,6 +99,9 @@ SHRUNK_LAYERS = 2
 MAX_LEVEL_DEPTH = 3
 """Nested sub-configs looked at (``thinker_config.text_config`` is depth 2)."""
 HUB_PREFIX = os.path.join(tempfile.gettempdir(), "gen-tie-table-hf-")
+ISOLATED = "GEN_TIE_TABLE_HF_HOME"
+"""Set (to HF_HOME) once isolate_hub has run: worker processes inherit the isolation instead of
+making hub folders of their own (a pool worker exits without running atexit)."""
 STATES = ("-", "0", "1")
 PLAIN_KEY = re.compile(r"^[A-Za-z0-9_\.]+(weight)|(bias)$")
 """transformers' own test for tied keys it uses as they are, without expanding them
@@ -146,12 +149,12 @@ def isolate_hub() -> None:
     """This process only: no network and an empty hub cache (a class whose build would download
     something fails the same way on every machine, and nothing is written to the user's cache),
     and transformers' logging at errors only. Call it before transformers is imported."""
-    if not (os.environ.get("HF_HUB_OFFLINE") == "1" and os.environ.get("HF_HOME", "").startswith(HUB_PREFIX)):
-        os.environ["HF_HUB_OFFLINE"] = "1"
-        os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    if os.environ.get(ISOLATED) != os.environ.get("HF_HOME"):  # a worker inherits its parent's
         home = tempfile.mkdtemp(prefix=HUB_PREFIX)
-        os.environ["HF_HOME"] = home
         atexit.register(shutil.rmtree, home, True)
+        os.environ.update(
+            {"HF_HOME": home, ISOLATED: home, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        )
     os.environ["TRANSFORMERS_VERBOSITY"] = "error"
     if "transformers" in sys.modules:
         sys.modules["transformers"].utils.logging.set_verbosity_error()
@@ -938,6 +941,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=TABLE)
     parser.add_argument("--check", action="store_true", help="compare the committed table instead of writing")
     args = parser.parse_args(argv)
+    isolate_hub()  # before any worker starts: they inherit it
     if args.check:
         classes = json.loads(args.output.read_text())["classes"]
         with ProcessPoolExecutor(args.jobs) as pool:

@@ -17,6 +17,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import gen_tie_table as gen  # noqa: E402
@@ -33,7 +35,18 @@ def test_table_is_generated_from_the_installed_transformers() -> None:
     assert len(TABLE["classes"]) > 1000
 
 
-def test_every_class_in_the_table_is_what_transformers_computes() -> None:
+def test_every_class_in_the_table_is_what_transformers_computes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The workers inherit an empty, offline hub cache (gen.isolate_hub sees it is set up).
+    home = str(tmp_path / "hf")
+    for key, value in {
+        "HF_HOME": home,
+        gen.ISOLATED: home,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }.items():
+        monkeypatch.setenv(key, value)
     began = time.monotonic()
     context = multiprocessing.get_context("spawn")  # fresh interpreters: nothing inherited from pytest
     with ProcessPoolExecutor(WORKERS, mp_context=context) as pool:
@@ -65,7 +78,7 @@ def test_failed_classes_give_a_reason() -> None:
 
 def test_table_is_package_data() -> None:
     pyproject = (ROOT / "pyproject.toml").read_text()
-    assert '[tool.setuptools.package-data]\n' in pyproject
+    assert "[tool.setuptools.package-data]\n" in pyproject
     assert '"tieaudit.formats" = ["tie_table.json"]' in pyproject
     packaged = importlib.resources.files("tieaudit.formats").joinpath("tie_table.json")
     assert json.loads(packaged.read_text("utf-8")) == TABLE
