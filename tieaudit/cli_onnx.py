@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import click
 
-from tieaudit.cli_common import EXIT_FINDINGS, output_options, user_errors, write_output
+from tieaudit.cli_common import EXIT_FINDINGS, echo_error, output_options, user_errors, write_output
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -162,7 +162,7 @@ def runtime(
     )
     write_output(render_runtime_json(report) if fmt == "json" else render_runtime_text(report), output)
     for result in report.errors:
-        click.echo(f"tieaudit: error: {model}: config {result.config.name}: {result.error}", err=True)
+        echo_error(f"{model}: config {result.config.name}: {result.error}")
     code = report.exit_code(fail_on)  # type: ignore[arg-type]
     if exit_zero and code == EXIT_FINDINGS:
         code = 0

@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
+
 from tieaudit.compare import (
     BlockComparer,
     cast_bytes,
@@ -134,7 +136,8 @@ class _Search:
         if key not in self.prints:
             values = sample(self.ckpt, tensor, transposed)
             if as_dtype is not None:
-                values = values.astype(to_numpy(as_dtype))
+                with np.errstate(all="ignore"):  # overflow to inf is an answer here, not a warning
+                    values = values.astype(to_numpy(as_dtype))
             self.prints[key] = values.tobytes()
         return self.prints[key]
 

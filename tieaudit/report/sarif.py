@@ -15,6 +15,7 @@ from urllib.parse import quote
 
 from tieaudit import __version__
 from tieaudit.check import Checked, CheckResult
+from tieaudit.core.escape import printable
 from tieaudit.findings import RULES, Finding
 
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
@@ -72,7 +73,8 @@ def _rules() -> list[dict[str, Any]]:
 def _result(checked: Checked, index: int, root: str, baseline_name: str | None) -> dict[str, Any]:
     finding = checked.audit.findings[index]
     ckpt = checked.audit.graph.checkpoint
-    text = finding.message + (f" Fix: {finding.fix}" if finding.fix else "")
+    # Shown in code scanning's UI and logs: one escaped line, like the terminal gets.
+    text = printable(finding.message + (f" Fix: {finding.fix}" if finding.fix else ""))
     location = artifact_location(_finding_file(checked, finding), root)
     result: dict[str, Any] = {
         "ruleId": finding.rule,
@@ -111,7 +113,7 @@ def sarif_dict(result: CheckResult, root: str | None = None) -> dict[str, Any]:
     notifications = [
         {
             "level": "error",
-            "message": {"text": f"{error.path}: {error.message}"},
+            "message": {"text": printable(f"{error.path}: {error.message}")},
             "locations": [{"physicalLocation": {"artifactLocation": artifact_location(error.path, root)}}],
         }
         for error in result.errors
