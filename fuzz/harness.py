@@ -34,6 +34,9 @@ GENERATED = ROOT / "fixtures" / "generated"
 sys.path.insert(0, str(HOSTILE))
 import make_hostile as mh  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import mutators_trust as trust  # noqa: E402
+
 KINDS = ("safetensors", "torch-zip", "torch-legacy", "onnx", "onnx-external", "hf-dir", "sniff")
 BUNDLE_SEP = b"\n--tieaudit-fuzz-file--\n"
 MARKER = mh.MARKER
@@ -402,7 +405,8 @@ def mutate_pickle(data: bytes, rng: random.Random) -> bytes:
         if strings:
             _, _, start, end = rng.choice(strings)
             return data[:start] + mh.text(rng.choice(STRINGS)) + data[end:]
-    return data[:start] + rng.choice(SNIPPETS) + data[start:]
+    snippets = trust.DEEP_SNIPPETS if rng.random() < 0.2 else SNIPPETS
+    return data[:start] + rng.choice(snippets) + data[start:]
 
 
 # --- zip (torch.save) mutations ----------------------------------------------------------------
@@ -420,7 +424,9 @@ def mutate_torch_zip(data: bytes, rng: random.Random) -> bytes:
     except Exception:
         return mutate_bytes(data, rng)
     pickles = [m for m in members if m.name.endswith("data.pkl")]
-    action = rng.randrange(10)
+    action = rng.randrange(14)
+    if action >= 10:
+        return _mutate_zip_layout(data, members, rng, action)
     if action < 6 and pickles:
         pickles[0].data = mutate_pickle(pickles[0].data, rng)
     elif action == 6 and members:
@@ -438,6 +444,29 @@ def mutate_torch_zip(data: bytes, rng: random.Random) -> bytes:
     elif members:
         member = rng.choice(members)
         member.data = mutate_bytes(member.data, rng)
+    try:
+        return mh.zip_of(members)
+    except Exception:
+        return mutate_bytes(data, rng)
+
+
+def _mutate_zip_layout(data: bytes, members: list[mh.Member], rng: random.Random, action: int) -> bytes:
+    """The attacks on how torch finds members: a letter-case twin (an evil pickle, or any member's
+    bytes), another first entry, a missing version record, glued, padded or flagged archives."""
+    if action == 10 and members:
+        model = rng.choice(members)
+        evil = mh.pickle_of(mh.os_system()) if model.name.endswith("data.pkl") else model.data
+        twin = mh.Member(trust.swap_case(model.name, rng), evil, model.compress)
+        members.insert(rng.randrange(len(members) + 1), twin)
+    elif action == 11 and members:
+        rng.shuffle(members)
+        if rng.random() < 0.5:
+            members.insert(0, mh.Member(rng.choice(("other/x", "x", "ARCHIVE/data.pkl")), b"3\n"))
+    elif action == 12:
+        members = [m for m in members if not m.name.endswith("version")]
+    else:
+        other = rng.choice((mh.valid_torch_zip(), mh._zip_with_evil(mh.os_system())))
+        return trust.mutate_archive_bytes(data, other, rng)
     try:
         return mh.zip_of(members)
     except Exception:
@@ -566,10 +595,41 @@ def mutate_header(header: dict[str, object], rng: random.Random) -> None:
             entry["data_offsets"] = other.get("data_offsets")
 
 
+def _mutate_safetensors_trust(data: bytes, rng: random.Random) -> bytes:
+    """Duplicate keys, bytes no tensor covers, sizes out of proportion, names attacking a log."""
+    (length,) = struct.unpack("<Q", data[:8])
+    raw, body = data[8 : 8 + length], data[8 + length :]
+    action = rng.randrange(4)
+    if action == 0:
+        raw = trust.safetensors_duplicate_key(raw, rng)
+    elif action == 1:
+        body += rng.choice((b"\x00", b"\x00" * 8, rng.randbytes(64)))
+    else:
+        parts = _split_safetensors(data)
+        if parts is None:
+            return mutate_bytes(data, rng)
+        header, body = parts
+        names = [k for k in header if k != "__metadata__" and isinstance(header[k], dict)]
+        if not names:
+            return mutate_bytes(data, rng)
+        name = rng.choice(names)
+        if action == 2:
+            header[name]["shape"] = rng.choice(trust.HUGE_DIMS)  # type: ignore[index]
+        else:
+            header[trust.evil_name(name, rng)] = header.pop(name)
+        raw = json.dumps(header).encode()
+        if action == 2 and rng.random() < 0.3:
+            raw = raw.replace(b'"shape": [', b'"shape": [' + trust.DIGITS_5000.encode() + b", ", 1)
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + body
+
+
 def mutate_safetensors(data: bytes, rng: random.Random) -> bytes:
     parts = _split_safetensors(data)
     if parts is None or rng.random() < 0.2:
         return mutate_bytes(data, rng)
+    if rng.random() < 0.2:
+        return _mutate_safetensors_trust(data, rng)
     header, body = parts
     mutate_header(header, rng)
     raw = json.dumps(header).encode()
@@ -628,7 +688,9 @@ def mutate_onnx(data: bytes, rng: random.Random) -> bytes:
                 if rng.random() < 0.85:
                     init.external_data.add(key=key, value=rng.choice(values))
         else:
-            init.name = rng.choice(("", inits[0].name, "x" * 200, init.name + "_2"))
+            init.name = rng.choice(
+                ("", inits[0].name, "x" * 200, init.name + "_2", trust.evil_name(init.name, rng))
+            )
     elif action == 5:
         source = rng.choice([i.name for i in inits] or ["x"])
         nodes = [helper.make_node("Identity", [source], ["a"]), helper.make_node("Identity", ["a"], [source])]
@@ -688,7 +750,7 @@ def _mutate_json_file(data: bytes, rng: random.Random, index: bool) -> bytes:
         else:
             value[rng.choice(("weight_map", "metadata"))] = rng.choice(({}, [], {"a": "b"}, None))
     else:
-        key, new = rng.choice(CONFIG_EDITS)
+        key, new = rng.choice(CONFIG_EDITS if rng.random() < 0.7 else trust.CONFIG_ATTACKS)
         value[key] = new
     return json.dumps(value).encode()
 
