@@ -54,6 +54,7 @@ def mutate_archive_bytes(data: bytes, other: bytes, rng: random.Random) -> bytes
 
 DEEP_SNIPPETS = (
     b"N" + b"\x85" * 100_000,  # TUPLE1 a hundred thousand times: a tuple nested 10**5 deep
+    b"}" + b"N" + b"\x85" * 1_000_000 + b"Ns",  # that tuple, 10**6 deep, as a dict key (hashed)
     b"]" * 50_000,  # fifty thousand empty lists on the stack
     b"\x8b" + struct.pack("<I", 2500) + b"\x7f" * 2500,  # LONG4: a 6000-digit integer
     b"\x8a\xff" + b"\x7f" * 255,  # LONG1 at its largest
