@@ -745,14 +745,25 @@ def _mutate_json_file(data: bytes, rng: random.Random, index: bool) -> bytes:
             key = rng.choice(sorted(weight_map))
             files = sorted({v for v in weight_map.values() if isinstance(v, str)}) or ["x"]
             weight_map[key] = rng.choice(
-                (*files, "../x.safetensors", "/etc/passwd", "missing.safetensors", 5)
+                (*files, "../x.safetensors", "/etc/passwd", "missing.safetensors", 5, *UNNAMEABLE)
             )
         else:
             value[rng.choice(("weight_map", "metadata"))] = rng.choice(({}, [], {"a": "b"}, None))
+    elif rng.random() < 0.1:  # nesting past hf_dir.MAX_JSON_DEPTH, or past the parser's recursion
+        depth = rng.choice((65, 100_000))
+        value[rng.choice(("text_config", "vocab_size"))] = DEEP
+        return json.dumps(value).encode().replace(json.dumps(DEEP).encode(), b"[" * depth + b"]" * depth)
     else:
         key, new = rng.choice(CONFIG_EDITS if rng.random() < 0.7 else trust.CONFIG_ATTACKS)
         value[key] = new
     return json.dumps(value).encode()
+
+
+UNNAMEABLE = ("x\x00.safetensors", "\ud800.safetensors")
+"""Shard names no file can have: a NUL byte, a lone surrogate (written as a JSON escape)."""
+
+DEEP = "tieaudit-fuzz-deep-nesting"
+"""Placeholder replaced by brackets after encoding (json.dumps itself recurses once per level)."""
 
 
 def mutate_bundle(data: bytes, rng: random.Random) -> bytes:
