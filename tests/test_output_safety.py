@@ -9,6 +9,7 @@ and no line the checkpoint wrote (``::error``) at the start of a line.
 from __future__ import annotations
 
 import os
+import select
 import stat
 import subprocess
 import sys
@@ -124,12 +125,23 @@ def test_no_python_warnings_on_stderr(tmp_path: Path) -> None:
 # --- -o: files, devices, pipes, stdout ---------------------------------------------------------
 
 
-def test_output_to_dev_null_leaves_the_device_a_device() -> None:
-    before = os.stat("/dev/null")
-    done = _run("inspect", str(HOSTILE / "out_evil_names.safetensors"), "-o", "/dev/null")
-    assert done.returncode == 0, done.stderr
-    after = os.stat("/dev/null")
-    assert stat.S_ISCHR(after.st_mode) and after.st_rdev == before.st_rdev and after.st_ino == before.st_ino
+def test_output_to_a_character_device_writes_into_it() -> None:
+    # A terminal's device (a pty made here, so a regression cannot replace /dev/null itself).
+    master, slave = os.openpty()
+    device = os.ttyname(slave)
+    before = os.stat(device)
+    try:
+        done = _run("inspect", str(HOSTILE / "out_evil_names.safetensors"), "-f", "json", "-o", device)
+        assert done.returncode == 0, done.stderr
+        after = os.stat(device)
+        assert stat.S_ISCHR(after.st_mode) and after.st_rdev == before.st_rdev
+        received = b""
+        while b"tieaudit.report/1" not in received and select.select([master], [], [], 10)[0]:
+            received += os.read(master, 65536)
+        assert b"tieaudit.report/1" in received
+    finally:
+        os.close(master)
+        os.close(slave)
 
 
 def test_output_dash_is_stdout() -> None:
