@@ -5,8 +5,10 @@ safetensors library (``Metadata::validate`` in its ``tensor.rs``, and serde_json
 ``safetensors_json``) accepts it: offsets sorted, contiguous from 0, each tensor's span exactly
 its shape times its dtype, computed without overflowing a u64, and the last tensor ending at the
 last byte of the file. Where tieaudit refuses what the library accepts, the message says why:
-duplicate keys (loaders differ on which one counts), shapes no numpy view can hold, sub-byte
-dtypes, and entries spelled as lists instead of objects.
+duplicate keys (loaders differ on which one counts), shapes no numpy view can hold, dtypes
+tieaudit does not read (4- and 6-bit, exponent-only), and entries spelled as lists or dtypes as
+objects (only serde reads those spellings). tests/test_differential_safetensors.py holds both
+lists against the library.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from tieaudit.core.limits import U64_MAX, bounded_product, shown_dims
 from tieaudit.dtypes import ITEMSIZE, itemsize
 from tieaudit.errors import InputError, UnsupportedFormatError
 from tieaudit.formats.interface import Reader
-from tieaudit.formats.safetensors_json import HeaderJsonError, parse_header_json
+from tieaudit.formats.safetensors_json import DuplicateKeyError, HeaderJsonError, parse_header_json
 from tieaudit.formats.viewable import MAX_DIMS, check_viewable
 from tieaudit.model import Checkpoint, DeclaredBy, DeclaredTie, StorageInfo, TensorInfo, contiguous_strides
 
@@ -205,6 +207,8 @@ def read_header(path: str, file: str) -> SafetensorsHeader:
     raw, size = _read_raw(path)
     try:
         header = parse_header_json(raw)
+    except DuplicateKeyError as exc:
+        raise InputError(f"header is ambiguous: {exc}", path) from exc
     except (HeaderJsonError, RecursionError) as exc:
         raise InputError(f"header is not valid JSON ({_first_line(exc)})", path) from exc
     if not isinstance(header, dict):

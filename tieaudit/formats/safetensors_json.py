@@ -33,6 +33,10 @@ class HeaderJsonError(ValueError):
     """The header is not JSON the safetensors library would accept; the message says why."""
 
 
+class DuplicateKeyError(HeaderJsonError):
+    """A key appears twice in one JSON object: readers differ on which one counts."""
+
+
 def _refuse(message: str) -> NoReturn:
     raise HeaderJsonError(message)
 
@@ -69,7 +73,10 @@ def _object(pairs: list[tuple[str, object]]) -> dict[str, object]:
         seen: set[str] = set()
         for key, _ in pairs:
             if key in seen:
-                _refuse(f"the key {quoted(key)} appears twice (JSON readers differ on which one counts)")
+                raise DuplicateKeyError(
+                    f"the key {quoted(key, 80)} appears twice in one object, and JSON readers "
+                    "differ on which one counts"
+                )
             seen.add(key)
     return result
 
@@ -88,7 +95,7 @@ def _check_tree(root: object, may_hold_surrogates: bool) -> None:
     while stack:
         item, depth = stack.pop()
         if isinstance(item, (dict, list)) and depth > MAX_DEPTH:
-            _refuse(f"it nests deeper than {MAX_DEPTH} levels, the safetensors library's limit")
+            _refuse(f"nested deeper than {MAX_DEPTH} levels, the safetensors library's limit")
         if isinstance(item, dict):
             for key, child in item.items():
                 if may_hold_surrogates and _has_surrogate(key):
@@ -106,7 +113,7 @@ def parse_header_json(raw: bytes) -> object:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        _refuse(f"it is not valid UTF-8 (byte {exc.start})")
+        _refuse(f"not UTF-8: byte {exc.start} is {raw[exc.start : exc.start + 1]!r}")
     try:
         value = json.loads(
             text,
