@@ -113,19 +113,21 @@ def _onnx(path: str) -> dict[str, Any]:
         model = onnx.load(path)
         tensors = []
         for graph_path, name, proto in _graph_tensors(model.graph, ""):
-            array = numpy_helper.to_array(proto)
-            numeric = array.dtype.kind != "O"
-            tensors.append(
-                {
-                    "name": name,
-                    "graph": graph_path,
-                    "data_type": proto.data_type,
-                    "segment": proto.HasField("segment"),
-                    "dtype": array.dtype.name,
-                    "shape": list(array.shape),
-                    "sha256": sha256(array.tobytes()) if numeric else None,
-                }
-            )
+            entry = {
+                "name": name,
+                "graph": graph_path,
+                "data_type": proto.data_type,
+                "segment": proto.HasField("segment"),
+            }
+            try:
+                array = numpy_helper.to_array(proto)
+            except Exception as exc:  # this tensor cannot be decoded; the model itself loaded
+                entry["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            else:
+                numeric = array.dtype.kind != "O"
+                entry["dtype"], entry["shape"] = array.dtype.name, list(array.shape)
+                entry["sha256"] = sha256(array.tobytes()) if numeric else None
+            tensors.append(entry)
     return {"tensors": tensors, "metadata": None}
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 import stat
 import sys
 from pathlib import Path
@@ -268,3 +269,21 @@ def test_crafted_headers_hold_both_verdicts(crafted_files: list[Path]) -> None:
     """Not a one-sided list: the library accepts some of these headers and refuses others."""
     verdicts = [r.accepted for r in run_reference("safetensors", [str(p) for p in crafted_files]).values()]
     assert 10 <= sum(verdicts) <= len(verdicts) - 10
+
+
+MUTATED = 400
+"""Mutated files per run: the fuzzer's header edits (tieaudit/fuzz/harness.py), a fixed seed."""
+
+
+def test_mutated_files_read_as_the_library_reads(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT))
+    from fuzz import harness
+
+    rng = random.Random(20261201)
+    seeds = harness.all_seeds()["safetensors"]
+    paths = []
+    for index in range(MUTATED):
+        path = tmp_path / f"m{index}.safetensors"
+        path.write_bytes(harness.mutate("safetensors", rng.choice(seeds), rng, rounds=rng.randint(1, 3)))
+        paths.append(path)
+    assert disagreements(paths) == []

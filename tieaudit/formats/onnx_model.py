@@ -180,7 +180,10 @@ class _Collector:
         try:
             type_name = onnx.TensorProto.DataType.Name(proto.data_type)
         except ValueError:
-            type_name = f"#{proto.data_type}"
+            type_name = "UNDEFINED"  # a number no ONNX version defines
+        if type_name == "UNDEFINED":  # no loader can decode it: not a tensor of some other type
+            message = f"tensor {quoted(name)} has data type {proto.data_type}, which ONNX does not define"
+            raise InputError(message, self.path)
         dtype = ONNX_DTYPES.get(type_name)
         if dtype is None:
             self.skipped.append(Skipped(name, f"ONNX data type {type_name} is not supported"))
@@ -241,14 +244,18 @@ class _Collector:
             )
         return array.tobytes()
 
-    def _entries(self, proto: TensorProto) -> list[tuple[str, str]]:
+    def _entries(self, proto: TensorProto, what: str) -> list[tuple[str, str]]:
         return [
-            (_text(entry.key, "external data key", self.path), _text(entry.value, "external data", self.path))
+            (
+                _text(entry.key, f"{what}: external data key", self.path),
+                _text(entry.value, f"{what}: external data", self.path),
+            )
             for entry in proto.external_data
         ]
 
     def _external(self, proto: TensorProto, name: str, dtype: str, expected: int) -> StorageInfo:
-        extent = self.external.extent(f"initializer {quoted(name)}", self._entries(proto), expected)
+        what = f"initializer {quoted(name)}"
+        extent = self.external.extent(what, self._entries(proto, what), expected)
         # Two initializers naming the very same bytes are one storage; an empty range aliases nothing.
         key = (extent.file, extent.offset, extent.length)
         storage_id = self.ranges.setdefault(key, name) if extent.length else name
@@ -264,7 +271,7 @@ class _Collector:
 
         for where, proto in every_tensor(model):
             if proto.data_location == onnx.TensorProto.EXTERNAL:
-                self.external.extent(where, self._entries(proto), None)
+                self.external.extent(where, self._entries(proto, where), None)
 
     def _constant(self, node: NodeProto, graph_path: str) -> str | None:
         output = _text(node.output[0], "value name", self.path)

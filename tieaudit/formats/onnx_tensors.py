@@ -69,7 +69,7 @@ def every_tensor(model: ModelProto) -> Iterator[tuple[str, TensorProto]]:
     owners: list[tuple[str, Iterable[AttributeProto]]] = []
     for function in model.functions:
         where = f"function {_name(function.name)}"
-        owners.append((where, function.attribute_proto))
+        owners.append((f"{where} (default value)", function.attribute_proto))
         owners.extend(_node_owners(where, function.node))
     while graphs or owners:
         if graphs:
