@@ -2,15 +2,16 @@
 
 The library parses headers with serde_json (Rust). Python's json module is more lenient in ways
 a crafted header can use to make tieaudit read a file the library refuses: it guesses UTF-16 and
-UTF-32 from the bytes, accepts ``NaN`` and ``Infinity``, turns ``1e400`` into infinity and
-5000-digit integers into ints, keeps lone surrogate escapes (``"\\ud800"``), nests as deep as the
-interpreter's stack allows, and keeps the last of two equal keys without a word. Each of those
-is refused here, with the library's limit where it has one (checked by running it on crafted
-headers: tests/test_differential_safetensors.py).
+UTF-32 from the bytes, accepts ``NaN`` and ``Infinity``, turns ``1e400`` into infinity and a
+300-digit integer into an int (serde: out of range, or a float), keeps lone surrogate escapes
+(``"\\ud800"``), nests as deep as the interpreter's stack allows, and keeps the last of two equal
+keys without a word. Each of those is refused here, with the library's limit where it has one
+(checked by running it on crafted headers: tests/test_differential_safetensors.py).
 
-Duplicate keys are refused everywhere, although the library itself keeps the last tensor entry
-and the last ``__metadata__`` value silently: other readers of the format keep the first, so
-such a file means different tensors to different loaders.
+Duplicate keys are refused everywhere, although the library itself keeps the last of two tensor
+entries with one name, and the last of two equal keys inside ``__metadata__``, silently (it
+refuses a repeated field inside an entry and a repeated ``__metadata__``): other readers of the
+format keep the first, so such a file means different tensors to different loaders.
 """
 
 from __future__ import annotations
