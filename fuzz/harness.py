@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTILE = ROOT / "fixtures" / "hostile"
@@ -36,6 +37,9 @@ import make_hostile as mh  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mutators_trust as trust  # noqa: E402
+
+if TYPE_CHECKING:
+    import onnx
 
 KINDS = ("safetensors", "torch-zip", "torch-legacy", "onnx", "onnx-external", "hf-dir", "sniff")
 BUNDLE_SEP = b"\n--tieaudit-fuzz-file--\n"
@@ -624,6 +628,40 @@ def _mutate_safetensors_trust(data: bytes, rng: random.Random) -> bytes:
     return struct.pack("<Q", len(raw)) + raw + body
 
 
+INJECTED: tuple[bytes, ...] = (
+    b"NaN",
+    b"-Infinity",
+    b"1e400",
+    b"-0",
+    b"9" * 5000,
+    b"9" * 300,
+    b'"\\ud800"',
+    b"[" * 200 + b"]" * 200,
+    b'{"k":1,"k":2}',
+)
+"""JSON values Python's json reads and the safetensors library's serde_json refuses (or reads
+differently), put into a tensor entry by ``_raw_header``."""
+
+
+def _raw_header(header: dict[str, object], rng: random.Random) -> bytes:
+    """The header as JSON text, sometimes spelled in ways only the raw text can hold: a key twice,
+    an injected value, a byte order mark, UTF-16, NUL padding."""
+    pairs = [json.dumps(k).encode() + b":" + json.dumps(v).encode() for k, v in header.items()]
+    action = rng.randrange(6)
+    if pairs and action == 0:
+        pairs.insert(rng.randrange(len(pairs) + 1), rng.choice(pairs))  # a duplicate key
+    elif pairs and action == 1:
+        index = rng.randrange(len(pairs))
+        if pairs[index].endswith(b"}"):
+            pairs[index] = pairs[index][:-1] + b', "x": ' + rng.choice(INJECTED) + b"}"
+    raw = b"{" + b", ".join(pairs) + b"}"
+    if action == 2:
+        raw = rng.choice((b"\xef\xbb\xbf", b" \n")) + raw
+    elif action == 3:
+        raw = raw.decode().encode("utf-16")
+    return raw + (b"\x00" if action == 4 else b" ") * (-len(raw) % 8)
+
+
 def mutate_safetensors(data: bytes, rng: random.Random) -> bytes:
     parts = _split_safetensors(data)
     if parts is None or rng.random() < 0.2:
@@ -632,8 +670,13 @@ def mutate_safetensors(data: bytes, rng: random.Random) -> bytes:
         return _mutate_safetensors_trust(data, rng)
     header, body = parts
     mutate_header(header, rng)
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
+    if rng.random() < 0.25:
+        raw = _raw_header(header, rng)
+    else:
+        raw = json.dumps(header).encode()
+        raw += b" " * (-len(raw) % 8)
+    if rng.random() < 0.1:  # bytes after the last tensor that no tensor covers
+        body += rng.choice((b"\x00", b"\x00" * 8, b"PK\x03\x04"))
     length = len(raw)
     if rng.random() < 0.15:
         length = rng.choice((length - 1, length + 8, 0, 100_000_000, 2**64 - 1, len(raw) + len(body)))
@@ -669,7 +712,7 @@ def mutate_onnx(data: bytes, rng: random.Random) -> bytes:
         return mutate_bytes(data, rng)
     graph = model.graph
     inits = list(graph.initializer)
-    action = rng.randrange(9)
+    action = rng.randrange(13)
     if inits and action < 5:
         init = rng.choice(graph.initializer)
         if action == 0:
@@ -701,6 +744,8 @@ def mutate_onnx(data: bytes, rng: random.Random) -> bytes:
     elif action == 7:
         sub = helper.make_graph([], "sub", [], [], [helper.make_tensor("E", TensorProto.FLOAT, [1], [2.0])])
         graph.node.append(helper.make_node("If", ["cond"], ["o"], then_branch=sub, else_branch=sub))
+    elif action >= 9:
+        _add_unread_external(model, rng, action)
     else:
         entry = model.metadata_props.add()
         entry.key, entry.value = (
@@ -711,6 +756,28 @@ def mutate_onnx(data: bytes, rng: random.Random) -> bytes:
         return bytes(model.SerializeToString())
     except Exception:
         return mutate_bytes(data, rng)
+
+
+def _add_unread_external(model: onnx.ModelProto, rng: random.Random, action: int) -> None:
+    """An external tensor where tieaudit does not read tensors but a loader opens files: a sparse
+    initializer, a node attribute, a function's Constant, a training graph's initializer."""
+    from onnx import TensorProto, helper
+
+    tensor = TensorProto(name="u", data_type=TensorProto.FLOAT, dims=[4], data_location=TensorProto.EXTERNAL)
+    for key, values in (("location", LOCATIONS), ("offset", COUNTS), ("length", COUNTS)):
+        if rng.random() < 0.85:
+            tensor.external_data.add(key=key, value=rng.choice(values))
+    if action == 9:
+        indices = helper.make_tensor("u_i", TensorProto.INT64, [1], [0])
+        model.graph.sparse_initializer.append(helper.make_sparse_tensor(tensor, indices, [4]))
+    elif action == 10:
+        model.graph.node.append(helper.make_node("ConstantOfShape", ["ids"], ["z"], value=tensor))
+    elif action == 11:
+        body = [helper.make_node("Constant", [], ["y"], value=tensor)]
+        opsets = [helper.make_opsetid("", 17)]
+        model.functions.append(helper.make_function("fz", "F", [], ["y"], body, opsets))
+    else:
+        model.training_info.add(initialization=helper.make_graph([], "t", [], [], [tensor]))
 
 
 # --- bundles -----------------------------------------------------------------------------------
@@ -874,7 +941,8 @@ def hostile_seeds() -> dict[str, list[bytes]]:
     for case in mh.CASES:
         path = HOSTILE / case.name
         kinds = [by_tag[tag] for tag in case.tags if tag in by_tag]
-        if case.committed and path.is_file() and kinds:
+        # exit_code 0: a legitimate spelling the reader must accept, not a hostile seed
+        if case.committed and path.is_file() and kinds and case.exit_code != 0:
             out[kinds[-1]].append(path.read_bytes())
     return out
 

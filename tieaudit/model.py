@@ -14,7 +14,10 @@ from typing import Literal
 import numpy as np
 
 from tieaudit.bytestore import ByteStore
+from tieaudit.core.escape import quoted
+from tieaudit.core.limits import NPY_INTP_MAX, bounded_product, shown_dims
 from tieaudit.dtypes import itemsize, to_numpy
+from tieaudit.errors import InputError
 
 Format = Literal["torch", "safetensors", "onnx", "hf-dir"]
 DeclaredBy = Literal["config", "metadata", "index", "policy"]
@@ -67,10 +70,12 @@ class TensorInfo:
 
     @property
     def numel(self) -> int:
-        """Number of elements."""
-        count = 1
-        for dim in self.shape:
-            count *= dim
+        """Number of elements. Readers refuse shapes no numpy view can hold (formats.viewable), so
+        this is at most 2**63 - 1; the bound is checked before each multiplication all the same."""
+        count = bounded_product(self.shape, NPY_INTP_MAX)
+        if count is None:
+            shown = shown_dims(self.shape)
+            raise InputError(f"tensor {quoted(self.name)}: shape {shown} is too large to count", self.file)
         return count
 
     @property

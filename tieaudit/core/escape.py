@@ -34,3 +34,10 @@ def printable(text: str) -> str:
     if text.isprintable() and "\\" not in text:
         return text
     return "".join(char if char.isprintable() and char != "\\" else _escaped(char) for char in text)
+
+
+def quoted(text: str, limit: int = 200) -> str:
+    """text for a one-line message: in single quotes, escaped by ``printable``, and cut after limit
+    characters (a name from a file can be megabytes long)."""
+    cut = text if len(text) <= limit else text[:limit]
+    return f"'{printable(cut)}{'...' if len(text) > limit else ''}'"
