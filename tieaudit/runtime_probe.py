@@ -330,9 +330,8 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     except Exception as exc:  # onnxruntime's errors are plain RuntimeError/Fail subclasses: report any
         message = f"{type(exc).__name__}: {one_line(exc)}"
-        print(
-            json.dumps({"ok": False, "error": message, "out_of_memory": out_of_memory(message)}), flush=True
-        )
+        refused = out_of_memory(f"{type(exc).__name__}: {exc}")  # the sign may be past one_line's cut
+        print(json.dumps({"ok": False, "error": message, "out_of_memory": refused}), flush=True)
         return 3
     print(json.dumps({"ok": True, **result}), flush=True)
     return 0
