@@ -116,16 +116,17 @@ def input_specs(
     readers = _readers(model)
     tables = {t.name: t.shape[0] for t in ckpt.tensors if t.shape}
     used: set[str] = set()
+    settable: dict[str, None] = {}  # --dim names that set a dimension above 1, in input order
     specs = []
     total = 0
     for value in values:
-        spec = _spec(value, dims, used, path)
+        spec = _spec(value, dims, path, used=used, settable=settable)
         total += spec.nbytes
         if total > MAX_TOTAL_INPUT_BYTES:
-            raise UsageError(
+            error = UsageError if any(k in dims for k in settable) else InputError
+            raise error(
                 f"the synthetic inputs would take {human_bytes(total)} or more together, over the "
-                f"{human_bytes(MAX_TOTAL_INPUT_BYTES)} limit; give symbolic dimensions smaller sizes "
-                "with --dim NAME=SIZE",
+                f"{human_bytes(MAX_TOTAL_INPUT_BYTES)} they may take in all; {_shrink(settable, one=False)}",
                 path,
             )
         specs.append(_fill(spec, readers, ckpt, tables))
@@ -148,8 +149,27 @@ def _unknown_dims(unknown: list[str], values: list[ValueInfoProto]) -> str:
     )
 
 
-def _spec(value: ValueInfoProto, dims: Mapping[str, int], used: set[str], path: str | None) -> InputSpec:
-    """Name, dtype and resolved shape of one input, its size checked before anything is allocated."""
+def _shrink(settable: Mapping[str, None], one: bool) -> str:
+    """How the user makes one input (or all) smaller: the --dim names that set their dimensions, if any."""
+    if not settable:
+        fixed = "its shape" if one else "their shapes"
+        return f"the model fixes {fixed} (--dim sets only symbolic dimensions)"
+    sizes = ", ".join(f"--dim {printable(k)}=N" for k in settable)
+    return f"give {'it' if one else 'them'} smaller sizes with {sizes}"
+
+
+def _spec(
+    value: ValueInfoProto,
+    dims: Mapping[str, int],
+    path: str | None,
+    *,
+    used: set[str],
+    settable: dict[str, None],
+) -> InputSpec:
+    """Name, dtype and resolved shape of one input, its size checked before anything is allocated.
+
+    Adds to used the --dim names it applied, to settable those that set a dimension above 1.
+    """
     import numpy as np
     import onnx
 
@@ -167,7 +187,7 @@ def _spec(value: ValueInfoProto, dims: Mapping[str, int], used: set[str], path: 
     if len(declared) > MAX_INPUT_RANK:
         raise InputError(f"input '{name}' has {len(declared)} dimensions, more than {MAX_INPUT_RANK}", path)
     shape: list[int] = []
-    settable: dict[str, None] = {}  # --dim names that set a dimension of this input above 1, in order
+    mine: dict[str, None] = {}  # the --dim names that set a dimension of this input above 1
     for dim in declared:
         if dim.HasField("dim_value"):
             if dim.dim_value < 0:
@@ -179,21 +199,17 @@ def _spec(value: ValueInfoProto, dims: Mapping[str, int], used: set[str], path: 
         if key is not None and key in dims:
             used.add(key)
         if key is not None and size > 1:
-            settable[key] = None
+            mine[key] = None
+    settable.update(mine)
     itemsize = np.dtype(dtype).itemsize
     nbytes = _checked_bytes(shape, itemsize)
     if nbytes is None:
         total = itemsize * math.prod(shape)  # <= 64 dims of < 2**63 each: a few hundred digits at most
         shown = human_bytes(total) if total < 1 << 50 else "over 1 PiB"
-        fix = (
-            "give it smaller sizes with " + ", ".join(f"--dim {printable(k)}=N" for k in settable)
-            if settable
-            else "its shape is fixed in the model (--dim sets only symbolic dimensions)"
-        )
-        error = UsageError if any(k in dims for k in settable) else InputError
+        error = UsageError if any(k in dims for k in mine) else InputError
         raise error(
             f"input '{name}' would be {'x'.join(map(str, shape))} {dtype} ({shown}), over the "
-            f"{human_bytes(MAX_INPUT_BYTES)} a synthetic input may take; {fix}",
+            f"{human_bytes(MAX_INPUT_BYTES)} a synthetic input may take; {_shrink(mine, one=True)}",
             path,
         )
     return InputSpec(value.name, dtype, tuple(shape), "", nbytes=nbytes)
