@@ -545,12 +545,21 @@ def test_a_declared_input_over_the_limits_is_one_line_before_any_probe(tmp_path:
     assert _error_lines(result) == [f"tieaudit: error: {path}: {message}"]
 
 
-def test_a_model_with_thousands_of_inputs_is_measured(tmp_path: Path) -> None:
-    """1500 inputs with long names: a request of ~200 KB, which argv (128 KiB per argument) cannot carry."""
-    inputs = [_float(f"input_{i:05d}_" + "n" * 60, [1]) for i in range(1500)]
-    path = _save(
-        tmp_path / "many.onnx", [helper.make_node("Sum", [v.name for v in inputs], ["logits"])], [], inputs
+@pytest.mark.parametrize("elem_type", [TensorProto.FLOAT, TensorProto.INT64])
+def test_a_model_with_thousands_of_inputs_into_one_node_is_measured(tmp_path: Path, elem_type: int) -> None:
+    """1500 inputs with long names into one Concat: a request of ~200 KB, which argv (128 KiB per argument)
+    cannot carry; for integer inputs the search for a vocabulary walks the graph once, not once per input."""
+    inputs = [
+        helper.make_tensor_value_info(f"input_{i:05d}_" + "n" * 60, elem_type, [1]) for i in range(1500)
+    ]
+    graph = helper.make_graph(
+        [helper.make_node("Concat", [v.name for v in inputs], ["logits"], axis=0)],
+        "lm",
+        inputs,
+        [helper.make_tensor_value_info("logits", elem_type, None)],
     )
+    path = tmp_path / "many.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
 
     result = _bounded(["runtime", str(path), "--config", "default", "--runs", "1"])
 
