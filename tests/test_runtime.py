@@ -1,7 +1,8 @@
 """tieaudit runtime: per-configuration numbers, ORT's copies named from its optimized model, errors bounded.
 
-Every probe is a real ONNX Runtime session in a subprocess; the models are small (a few hundred KiB),
-so the whole file runs in seconds.
+Every probe is a real ONNX Runtime session in a subprocess; the models are small (a few hundred KiB).
+The hostile models (bottom) each run the CLI in a fresh process tree, a few seconds each: about two
+minutes for the file on 2 shared CPUs.
 """
 
 from __future__ import annotations
