@@ -116,7 +116,8 @@ def inspect(path: str, fmt: str, output: str | None) -> None:
     "--runtime",
     is_flag=True,
     help="For ONNX models, also run ONNX Runtime's optimizer (default session options) and report "
-    "initializers it duplicates (TIE005). Needs the runtime extra.",
+    "initializers it duplicates (TIE005). Needs the runtime extra. ONNX Runtime runs under a memory "
+    "limit derived from the model's size; TIEAUDIT_RUNTIME_MEMORY_LIMIT=SIZE (4GiB, 512MB) sets it.",
 )
 @click.option("--exit-zero", is_flag=True, help="Always exit 0 unless the audit itself failed.")
 @output_options(("text", "json", "sarif"))

@@ -119,7 +119,8 @@ def render_runtime_text(report: RuntimeReport) -> str:
         for s in report.inputs
     )
     out += [
-        f"inputs: {feeds or 'none'}; {report.runs} timed runs after one warm-up",
+        f"inputs: {feeds or 'none'}; {report.runs} timed runs after one warm-up; "
+        f"memory limit {human_bytes(report.memory_limit)} per probe",
         measured_note(report),
         "Memory columns: MiB above the probe's baseline (created, after runs: RssAnon; peak: VmHWM;"
         " mapped: RssFile after creation, where external data is counted).",
@@ -188,6 +189,7 @@ def runtime_dict(report: RuntimeReport) -> dict[str, Any]:
         "runs": report.runs,
         "fold_limit_bytes": report.fold_limit,
         "threshold_bytes": report.threshold,
+        "memory_limit_bytes": report.memory_limit,
         "configs": [_config_dict(r) for r in report.configs],
         "gated_configs": list(report.gated),
         "recommendation": None
