@@ -194,3 +194,31 @@ def test_a_replaced_report_file_keeps_its_mode(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert stat.S_IMODE(target.stat().st_mode) == 0o640
     assert target.read_text().startswith("{")
+
+
+def test_runtime_report_escapes_initializer_names(tmp_path: Path) -> None:
+    from onnx import TensorProto, helper, save
+
+    evil = "emb\n::error file=m.onnx::forged\x1b[31m"
+    table = helper.make_tensor(
+        evil, TensorProto.FLOAT, [64, 16], np.arange(1024, dtype=np.float32).tobytes(), raw=True
+    )
+    nodes = [
+        helper.make_node("Gather", [evil, "ids"], ["h"]),
+        helper.make_node("Transpose", [evil], ["t"], perm=[1, 0]),
+        helper.make_node("MatMul", ["h", "t"], ["logits"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tied",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 2])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 2, 64])],
+        [table],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    save(model, str(tmp_path / "tied.onnx"))
+    done = _run("runtime", str(tmp_path / "tied.onnx"))
+    assert done.returncode in (0, 1), done.stderr
+    assert "emb\\n::error file=m.onnx::forged\\x1b[31m" in done.stdout  # the shared initializer, named
+    _assert_clean(done.stdout)
+    _assert_clean(done.stderr)

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from tieaudit import __version__
+from tieaudit.core.escape import printable
 from tieaudit.export import ExportResult
 from tieaudit.report.json_report import finding_dict
 from tieaudit.runtime import ConfigResult, RuntimeReport
@@ -144,7 +145,7 @@ def render_runtime_text(report: RuntimeReport) -> str:
         out += ["", f"Runtime duplicates under {', '.join(failed)}: unknown, the configuration failed."]
     else:
         out += ["", f"No runtime duplicate under {gated}."]
-    return "\n".join(out) + "\n"
+    return "\n".join(printable(line) for line in out) + "\n"  # names come from the model
 
 
 def _config_dict(result: ConfigResult) -> dict[str, Any]:
@@ -256,4 +257,4 @@ def render_export_summary(result: ExportResult) -> str:
     else:
         lines.append("  runtime: ONNX Runtime's default session options hold no second copy")
     lines.append(f"  result: written {result.out}" if result.written else "  result: FAILED, OUT not written")
-    return "\n".join(lines) + "\n"
+    return "\n".join(printable(line) for line in lines) + "\n"  # names come from the model
