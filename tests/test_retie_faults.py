@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -278,3 +279,76 @@ def test_short_writes_are_completed(
     monkeypatch.setattr(os, "copy_file_range", no_copy_file_range)
     assert main(["retie", str(source), str(out)]) == 0, capsys.readouterr().err
     _assert_complete(out, expected)
+
+
+# --- SIGTERM and SIGINT ------------------------------------------------------------------------
+
+SLOWED = textwrap.dedent(
+    """
+    import sys, time
+    import tieaudit.repair.st_stream as st
+    import tieaudit.repair.verify as verify
+    from tieaudit.cli import main
+
+    moment, told = sys.argv[1], []
+    real_write, real_problem = st.write_tensor, verify._problem
+
+    def tell(now):
+        if now == moment and not told:
+            told.append(now)
+            print(now, flush=True)
+        if now == moment:
+            time.sleep(0.3)  # each tensor takes a while: the signal lands in the middle
+
+    def slow_write(fd, offset, ckpt, tensor):
+        tell("writing")
+        return real_write(fd, offset, ckpt, tensor)
+
+    def slow_problem(*args):
+        tell("verifying")
+        return real_problem(*args)
+
+    st.write_tensor, verify._problem = slow_write, slow_problem
+    sys.exit(main(["retie", sys.argv[2], sys.argv[3]]))
+    """
+)
+
+
+@pytest.mark.parametrize("moment", ["writing", "verifying"])
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT-repeated"])
+def test_sigterm_and_sigint_remove_the_stage(how: str, moment: str, tmp_path: Path) -> None:
+    """A real retie in a child process, signalled while it writes or verifies the staged output.
+
+    SIGINT is sent again every few milliseconds until the process ends (Ctrl-C pressed while the
+    first one is being handled): cleanup must not be cut short, and must not unmap files that
+    verification threads still read (a crash, and the stage left behind).
+    """
+    source, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    _clone_checkpoint(source, rows=2048)
+    before = _sha256(source)
+    child = subprocess.Popen(
+        [sys.executable, "-c", SLOWED, moment, str(source), str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == moment
+        assert [e for e in os.listdir(tmp_path) if ".tieaudit-stage-" in e]  # the stage exists now
+        number = signal.SIGTERM if how == "SIGTERM" else signal.SIGINT
+        child.send_signal(number)
+        while how == "SIGINT-repeated" and child.poll() is None:
+            time.sleep(0.005)
+            child.send_signal(number)
+        child.wait(timeout=60)
+    finally:
+        child.kill()
+        child.wait()
+    stderr = child.stderr.read() if child.stderr else ""
+    if how == "SIGTERM":
+        assert child.returncode == -signal.SIGTERM, stderr  # ends as SIGTERM ends a process
+    else:
+        assert child.returncode in (2, -signal.SIGINT), stderr  # "aborted", or KeyboardInterrupt
+    assert os.listdir(tmp_path) == ["in.safetensors"]  # no stage, no OUT
+    assert _sha256(source) == before

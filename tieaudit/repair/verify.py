@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from tieaudit.compare import BlockComparer
+from tieaudit.core.interrupts import worker_pool
 from tieaudit.errors import TieauditError
 from tieaudit.formats import open_checkpoint
 from tieaudit.model import Checkpoint, TensorInfo
@@ -62,7 +62,7 @@ def verify_output(original: Checkpoint, out: str) -> None:
     """
     with open_checkpoint(out) as written:
         provided = sources(written)
-        with ThreadPoolExecutor(max_workers=VERIFY_THREADS) as pool:
+        with worker_pool(VERIFY_THREADS, "verify") as pool:
             problems = pool.map(
                 lambda t: _problem(original, written, t, provided.get(t.name)), original.tensors
             )
