@@ -1,8 +1,9 @@
 """retie: plan -> write to a staging folder beside OUT -> re-read and verify -> fsync -> rename.
 
-The input is never modified. OUT appears only after the output has been read back and every
-original name compared bit for bit with the input; any failure, SIGINT or SIGTERM removes the
-staging folder. Paths, publishing and --in-place are in repair.publish.
+The input is never modified. OUT appears only after the output has been read back (by tieaudit's
+readers and by the format's reference loader) and every original name compared bit for bit with
+the input; any failure, SIGINT or SIGTERM removes the staging folder. Paths, publishing and
+--in-place are in repair.publish.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 from tieaudit.core.fsops import fsync_path
 from tieaudit.core.interrupts import SignalGuard, signals_guarded, worker_pool
-from tieaudit.errors import OutputError, UsageError
+from tieaudit.errors import OutputError, TieauditError, UsageError
 from tieaudit.formats import open_checkpoint
 from tieaudit.graph import build_graph
 from tieaudit.model import Checkpoint, Format
@@ -30,6 +31,7 @@ from tieaudit.repair.publish import (
     publish_in_place,
     stage_path,
 )
+from tieaudit.repair.reference import ReferenceMismatch
 from tieaudit.repair.verify import VerificationError, verify_output
 
 _WRITERS: dict[Format, tuple[str, str]] = {
@@ -90,15 +92,30 @@ def retie(
     paths = None if dry_run else check_paths(source, out, in_place)
     if paths is None and not os.path.exists(source):
         raise UsageError("no such file or folder", source)
+    try:
+        return _retie(source, out, paths, relations, keep, min_bytes)
+    except TieauditError as exc:
+        if paths is not None and exc.path == paths.source.path:
+            exc.path = source  # IN as the user typed it, not as resolved
+        raise
+
+
+def _retie(
+    source: str,
+    out: str,
+    paths: RetiePaths | None,
+    relations: frozenset[str] | None,
+    keep: str | None,
+    min_bytes: int,
+) -> RetieResult:
     with open_checkpoint(source if paths is None else paths.source.path) as ckpt:
-        plan = make_plan(build_graph(ckpt), relations, keep, min_bytes)
+        plan = dataclasses.replace(make_plan(build_graph(ckpt), relations, keep, min_bytes), path=source)
         # A folder is measured whole, like the output folder; a file with its external data.
         root = os.path.dirname(os.path.abspath(ckpt.path))
         single = not os.path.isdir(ckpt.path) and ckpt.files
         input_bytes = sum(_size(os.path.join(root, f)) for f in ckpt.files) if single else _size(ckpt.path)
         if paths is None:
-            return RetieResult(dataclasses.replace(plan, path=source), None, None, input_bytes, 0)
-        plan = dataclasses.replace(plan, path=source)
+            return RetieResult(plan, None, None, input_bytes, 0)
         try:
             with signals_guarded() as guard:
                 output_bytes, notes = _write_and_publish(ckpt, plan, paths, guard)
@@ -122,7 +139,7 @@ def _write_and_publish(
             syncing = pool.submit(_fsync_all, files)
             try:
                 verify_output(ckpt, staged)
-            except VerificationError as exc:  # named as OUT: the stage goes away
+            except (VerificationError, ReferenceMismatch) as exc:  # named as OUT: the stage goes away
                 raise type(exc)(f"{exc.message}; nothing was written", paths.out_given) from exc
             syncing.result()
         output_bytes = sum(_size(os.path.join(stage, entry)) for entry in os.listdir(stage))
