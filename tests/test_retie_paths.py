@@ -301,3 +301,126 @@ def test_in_place_killed_at_every_step_keeps_the_original(
         assert _digest(backup) == before
         _assert_same_values(source, expected)
     pytest.fail("the run never completed")
+
+
+# --- traces of interrupted runs -------------------------------------------------------------------
+
+
+def test_in_missing_beside_its_backup_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """What a kill between the two renames of an older --in-place left: no IN, the original in IN.bak."""
+    source, backup = tmp_path / "model.safetensors", tmp_path / "model.safetensors.bak"
+    _clone(backup)
+    before = _digest(backup)
+    assert main(["retie", str(source), str(source), "--in-place"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "interrupted" in line and "move it back" in line, line
+    assert _digest(backup) == before and os.listdir(tmp_path) == ["model.safetensors.bak"]
+
+
+def _dead_pid() -> int:
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    return int(done.stdout)
+
+
+def test_a_stale_stage_is_removed_and_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    expected = _clone(source)
+    stale = tmp_path / f".out.safetensors.tieaudit-stage-{_dead_pid()}"
+    stale.mkdir()
+    (stale / "out.safetensors").write_bytes(b"\0" * 4096)
+    assert main(["retie", str(source), str(out)]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("tieaudit: note:")]
+    assert len(notes) == 1 and stale.name in notes[0] and "interrupted" in notes[0], notes
+    assert sorted(os.listdir(tmp_path)) == ["in.safetensors", "out.safetensors"]
+    _assert_same_values(out, expected)
+
+
+# --- where renameat2 flags or hard links are not offered -------------------------------------------
+
+
+def _no_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    import tieaudit.core.fsops as fsops
+
+    def unsupported(src: str, dst: str, flags: int) -> None:
+        raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), src, None, dst)
+
+    monkeypatch.setattr(fsops, "renameat2", unsupported)
+
+
+@pytest.mark.parametrize("flags", ["renameat2", "fallback"])
+def test_rename_noreplace_never_replaces(flags: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tieaudit.core.fsops import rename_noreplace
+
+    if flags == "fallback":
+        _no_flags(monkeypatch)
+    (tmp_path / "file").write_bytes(b"new")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "inside").write_bytes(b"new")
+    (tmp_path / "taken").write_bytes(b"theirs")
+    (tmp_path / "taken-folder").mkdir()
+    (tmp_path / "dangling").symlink_to("nowhere")
+    for src in ("file", "folder"):
+        for dst in ("taken", "taken-folder", "dangling"):
+            with pytest.raises(FileExistsError):
+                rename_noreplace(str(tmp_path / src), str(tmp_path / dst))
+    assert (tmp_path / "taken").read_bytes() == b"theirs" and os.listdir(tmp_path / "taken-folder") == []
+    assert os.readlink(tmp_path / "dangling") == "nowhere"
+    rename_noreplace(str(tmp_path / "file"), str(tmp_path / "file-moved"))
+    rename_noreplace(str(tmp_path / "folder"), str(tmp_path / "folder-moved"))
+    assert (tmp_path / "file-moved").read_bytes() == b"new"
+    assert (tmp_path / "folder-moved" / "inside").read_bytes() == b"new"
+    assert sorted(os.listdir(tmp_path)) == ["dangling", "file-moved", "folder-moved", "taken", "taken-folder"]
+
+
+def test_canonical_resolves_as_the_kernel_does(tmp_path: Path) -> None:
+    from tieaudit.core.fsops import canonical
+
+    (tmp_path / "file").write_bytes(b"")
+    (tmp_path / "sub" / "deep").mkdir(parents=True)
+    (tmp_path / "jump").symlink_to("sub/deep")
+    with pytest.raises(FileNotFoundError):
+        canonical(str(tmp_path / "nosuchdir" / ".." / "x"))
+    with pytest.raises(NotADirectoryError):
+        canonical(str(tmp_path / "file" / ".." / "x"))
+    assert canonical(str(tmp_path / "jump" / ".." / "x")).path == str(tmp_path.resolve() / "sub" / "x")
+    assert canonical(str(tmp_path / "jump")).path == str(tmp_path.resolve() / "jump")  # the link itself
+    assert canonical(str(tmp_path / "sub" / "deep" / "..")).path == str(tmp_path.resolve() / "sub")
+
+
+@pytest.mark.parametrize("kind", ["file-without-hard-links", "folder-without-exchange"])
+def test_in_place_without_hard_links_or_exchange(
+    kind: str, corpus: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fallbacks keep the promise too: IN is the output, IN.bak the original."""
+    import errno
+
+    import tieaudit.core.fsops as fsops
+
+    if kind == "file-without-hard-links":
+        source = tmp_path / "model.safetensors"
+        _clone(source)
+
+        def no_link(*args: object, **kwargs: object) -> None:
+            raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+
+        monkeypatch.setattr(os, "link", no_link)
+    else:
+        source = tmp_path / "model"
+        shutil.copytree(corpus.path("hf_llama_cloned_head"), source)
+        real = fsops.renameat2
+
+        def no_exchange(src: str, dst: str, flags: int) -> None:
+            if flags == fsops.RENAME_EXCHANGE:
+                raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), src, None, dst)
+            real(src, dst, flags)
+
+        monkeypatch.setattr(fsops, "renameat2", no_exchange)
+    expected, before = _values(source), _digest(source)
+    assert main(["retie", str(source), str(source), "--in-place"]) == 0
+    assert _digest(Path(f"{source}.bak")) == before and _digest(source) != before
+    _assert_same_values(source, expected)
+    assert sorted(os.listdir(tmp_path)) == sorted([source.name, f"{source.name}.bak"])
