@@ -120,7 +120,11 @@ def _stages(out: CanonicalPath) -> list[tuple[str, int]]:
     """(entry, pid) of the staging folders of dead runs that wrote this OUT."""
     prefix = f".{out.name}{STAGE_INFIX}"
     found = []
-    for entry in os.listdir(out.folder):
+    try:
+        entries = os.listdir(out.folder)
+    except OSError:  # a folder one may write but not list: no stage of ours can be found there
+        return []
+    for entry in entries:
         pid = entry[len(prefix) :]
         if entry.startswith(prefix) and pid.isdigit() and not _alive(int(pid)):
             found.append((entry, int(pid)))

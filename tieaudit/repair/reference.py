@@ -214,11 +214,11 @@ class _Onnx(Loaded):
         for tensor in written.tensors:
             value, proto = next(taken, ("", None))
             if proto is None or not _named_as(tensor.name, value):
-                raise ReferenceMismatch(f"onnx does not find {tensor.name!r} where tieaudit reads it")
+                raise ReferenceMismatch(f"onnx does not find {printable(tensor.name)} where tieaudit does")
             self._protos[tensor.name] = proto
         extra = next(taken, None)
         if extra is not None:
-            raise ReferenceMismatch(f"onnx finds {extra[0]!r}, which tieaudit does not read")
+            raise ReferenceMismatch(f"onnx finds {printable(extra[0])}, which tieaudit does not read")
         self.names = frozenset(self._protos)
 
     def dtype_shape(self, name: str) -> tuple[str, tuple[int, ...]]:
@@ -288,7 +288,8 @@ class _Torch(Loaded):
 
 
 def _line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:200] or type(exc).__name__
+    """A library's error on one line, escaped (it may quote names from the file)."""
+    return printable(" ".join(str(exc).split())[:200] or type(exc).__name__)
 
 
 def _rows_per_block(tensor: TensorInfo) -> int:
