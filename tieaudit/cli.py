@@ -278,6 +278,8 @@ def retie(
     if out is None and not dry_run:
         raise click.UsageError("OUT is required (only --dry-run may leave it out)")
     result = run_retie(source, out or source, _relations(relations), keep, dry_run, in_place, min_size)
+    for note in result.notes:
+        click.echo(f"tieaudit: note: {note}", err=True)
     click.echo(render_plan(result), nl=False, err=not dry_run)
     if dry_run:
         return
