@@ -25,6 +25,11 @@ def check_viewable(
         raise InputError(f"tensor {name!r} has {count} dimensions; at most {MAX_DIMS} can be viewed", path)
     extent = itemsize
     for dim in shape:
+        if dim > MAX_BYTES:  # checked before multiplying: a hostile dim can be any size
+            extent = MAX_BYTES + 1
+            break
         extent *= max(dim, 1)  # numpy checks the size as if empty dimensions were 1
+        if extent > MAX_BYTES:
+            break
     if extent > MAX_BYTES or byte_offset > MAX_BYTES or any(abs(s) * itemsize > MAX_BYTES for s in strides):
         raise InputError(f"tensor {name!r}: shape or strides too large to address ({list(shape)[:8]})", path)
