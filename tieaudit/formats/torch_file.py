@@ -21,7 +21,15 @@ from tieaudit.formats.torch_checkpoint import ROOT_NAME, LocateStorage, build_ch
 from tieaudit.formats.torch_legacy import MAGIC_NUMBER, read_legacy
 from tieaudit.formats.torch_pickle import MAX_PICKLE_BYTES, load_pickle, truncated_error
 from tieaudit.formats.torch_records import StorageRef
-from tieaudit.formats.zip_archive import LOCAL_MAGIC, ZipArchive, ZipMember, read_archive, read_member, shown
+from tieaudit.formats.zip_archive import (
+    LOCAL_MAGIC,
+    ZipArchive,
+    ZipMember,
+    pread,
+    read_archive,
+    read_member,
+    shown,
+)
 from tieaudit.model import Checkpoint
 
 __all__ = ["MAX_DEPTH", "MAX_PICKLE_BYTES", "ROOT_NAME", "ZIP_MAGIC", "TorchReader", "flatten", "key_name"]
@@ -33,6 +41,8 @@ MAX_SMALL_RECORD_BYTES = 4096
 """version, byteorder, .storage_alignment: a few bytes each in every torch.save archive."""
 SUPPORTED_VERSIONS = range(1, 11)
 """The archive versions torch 2.13 reads (kMinSupportedFileFormatVersion..kMaxSupportedFileFormatVersion)."""
+SNIFF_TAIL_BYTES = 1 << 20
+"""Bytes at the end of a malformed zip searched for a data.pkl name when sniffing."""
 _VERSION = re.compile(rb"\s*(\d{1,19})\s*")
 _AMBIGUOUS = "torch and tieaudit could read different data"
 
@@ -141,8 +151,15 @@ def _is_zip(path: str, head: bytes) -> bool:
         return True  # torch writes data.pkl first; no need to read the archive
     try:
         with open(path, "rb") as handle:
-            archive = read_archive(handle.fileno(), os.fstat(handle.fileno()).st_size, path)
-    except (OSError, InputError):
+            size = os.fstat(handle.fileno()).st_size
+            try:
+                archive = read_archive(handle.fileno(), size, path)
+            except InputError:
+                # Malformed (glued, prepended, ...): still torch's if its end names a data.pkl, so
+                # that reading it says what is wrong rather than "not a checkpoint".
+                tail = pread(handle.fileno(), min(size, SNIFF_TAIL_BYTES), size - min(size, SNIFF_TAIL_BYTES))
+                return b"/data.pkl" in tail.lower()
+    except OSError:
         return False
     return any(name.count(b"/") == 1 and name.endswith(b"/data.pkl") for name in archive.folded)
 

@@ -91,7 +91,7 @@ def _requires_grad(value: object, dtype: str) -> None:
     if type(value) is not bool:
         bad(f"requires_grad is {type(value).__name__}, expected a bool (torch refuses it)")
     if value and dtype not in GRAD_DTYPES:
-        bad(f"a {dtype} tensor requires gradients, which torch refuses to load")
+        bad(f"a tensor of dtype {dtype} requires gradients, which torch refuses to load")
 
 
 def _flags(metadata: object, dtype: str) -> frozenset[str]:

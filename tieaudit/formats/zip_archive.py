@@ -136,7 +136,11 @@ def _end_records(fd: int, size: int, path: str) -> tuple[int, int, int, int]:
     _, locator_disk, record_offset, disks = _LOCATOR.unpack(locator)
     end = end - _LOCATOR.size - _END64.size
     if locator_disk or disks != 1 or record_offset != end:
-        raise _fail(f"the zip64 end record is not right before its locator; {_AMBIGUOUS}", path)
+        raise _fail(
+            "the zip64 end record is not where its locator says (data prepended, or two archives glued "
+            f"together); {_AMBIGUOUS}",
+            path,
+        )
     magic, record_size, _, _, disk64, cd_disk64, here64, total64, cd_size64, cd_offset64 = _END64.unpack(
         pread(fd, _END64.size, end)
     )
