@@ -359,17 +359,22 @@ class PickleVM:
         return value
 
     def _refused(self, op: int, stack: list[object], pos: int) -> str:
-        """Why an opcode is refused; names the global STACK_GLOBAL or INST would have imported."""
+        """Why an opcode is refused. STACK_GLOBAL and INST name a global: the hooks see it first, so
+        one outside the allowlist is refused by name, as if GLOBAL had named it."""
         name = _opcode_name(op)
-        if op == 0x93 and len(stack) >= 2 and all(isinstance(s, str) for s in stack[-2:]):
-            return f"{name} of {stack[-2]}.{stack[-1]}, an opcode torch.load(weights_only=True) refuses"
-        if op == 0x69:  # INST: module and name lines follow
+        named: tuple[str, str] | None = None
+        if op == 0x93 and len(stack) >= 2 and isinstance(stack[-2], str) and isinstance(stack[-1], str):
+            named = (stack[-2], stack[-1])
+        elif op == 0x69:  # INST: module and name lines follow
             try:
                 module, attr, _ = self._global(self.data, pos + 1)
+                named = (module, attr)
             except (PickleError, UnicodeDecodeError):
-                module, attr = "?", "?"
-            return f"{name} of {module}.{attr}, an opcode torch.load(weights_only=True) refuses"
-        return f"opcode {name}, which torch.load(weights_only=True) refuses"
+                named = None
+        if named is None:
+            return f"opcode {name}, which torch.load(weights_only=True) refuses"
+        self.hooks.find_global(*named)
+        return f"{name} of {named[0]}.{named[1]}, an opcode torch.load(weights_only=True) refuses"
 
 
 def run_pickle(data: bytes, start: int, hooks: Hooks) -> tuple[object, int]:
