@@ -100,8 +100,8 @@ class PickleVM:
         self.hooks = hooks
         self.depths: dict[int, int] = {}
         """Nesting depth of each container built so far, by id (containers are kept alive)."""
-        self.key_tuples: set[int] = set()
-        """Ids of registered tuples made only of keyable values: safe as dict keys."""
+        self.key_tuples: dict[int, bool] = {}
+        """Registered tuples already checked as dict keys: whether they may be one."""
         self.alive: list[object] = []
         """Every container built, so ids in ``depths`` and ``key_tuples`` are never reused."""
         self.keyable: tuple[type, ...] = Hashable + hooks.key_types
@@ -123,28 +123,31 @@ class PickleVM:
 
     def _tuple(self, items: list[object] | tuple[object, ...]) -> tuple[object, ...]:
         value = tuple(items)
+        depths, containers = self.depths, self.containers
         depth = 1
         for item in value:
-            kind = type(item)
-            if (
-                kind is not str
-                and kind is not int
-                and (kind is tuple or kind is list or isinstance(item, dict))
-            ):
-                depth = max(depth, self.depths.get(id(item), 1) + 1)
+            if type(item) in containers:
+                inner = depths.get(id(item), 1) + 1
+                if inner > depth:
+                    depth = inner
         if depth > 1:  # only tuples holding containers; a tuple of scalars holds none
             self._register(value, depth)
-            if all(self._keyable(item) for item in value):
-                self.key_tuples.add(id(value))
         return value
 
     def _keyable(self, value: object) -> bool:
-        """Whether value may be a dict key: a hashable scalar, or tuples of them (bounded depth)."""
+        """Whether value may be a dict key: a hashable scalar, or tuples of them (at most MAX_DEPTH
+        deep, so checking recurses that far at most; the answer is kept per registered tuple)."""
         if isinstance(value, self.keyable):
             return True
-        return type(value) is tuple and (
-            id(value) in self.key_tuples or all(isinstance(item, self.keyable) for item in value)
-        )
+        if type(value) is not tuple:
+            return False
+        known = self.key_tuples.get(id(value))
+        if known is not None:
+            return known
+        answer = all(self._keyable(item) for item in value)
+        if id(value) in self.depths:
+            self.key_tuples[id(value)] = answer
+        return answer
 
     def _grow(self, container: object, item: object) -> None:
         """container now holds item: its depth is at least item's plus one."""
@@ -205,97 +208,121 @@ class PickleVM:
         containers = self.containers
         pos = self.pos
         try:
-            # Branches ordered by how often torch.save's pickles use each opcode.
+            # Three groups by opcode value (at most 16 comparisons for any opcode), each ordered by
+            # how often torch.save's pickles use its opcodes.
             for _ in range(MAX_OPCODES):
                 op = data[pos]
                 pos += 1
-                if op == 0x72:  # r LONG_BINPUT
-                    memo[_U32(data, pos)[0]] = stack[-1]
-                    pos += 4
-                elif op == 0x68:  # h BINGET
-                    stack.append(memo[data[pos]])
-                    pos += 1
-                elif op == 0x4B:  # K BININT1
-                    stack.append(data[pos])
-                    pos += 1
-                elif op == 0x28:  # ( MARK
-                    if len(metastack) >= MAX_DEPTH:
-                        raise PickleError(f"MARKs nested deeper than {MAX_DEPTH} levels")
-                    metastack.append(stack)
-                    stack = []
-                elif op == 0x58:  # X BINUNICODE
-                    size = _U32(data, pos)[0]
-                    pos += 4
-                    if pos + size > end:
-                        raise Truncated(_TRUNCATED)
-                    stack.append(str(data[pos : pos + size], "utf-8", "surrogatepass"))
-                    pos += size
-                elif op == 0x74:  # t TUPLE
-                    items = stack
-                    stack = metastack.pop()
-                    stack.append(self._tuple(items))
+                if op < 0x60:
+                    if op == 0x4B:  # K BININT1
+                        stack.append(data[pos])
+                        pos += 1
+                    elif op == 0x28:  # ( MARK
+                        if len(metastack) >= MAX_DEPTH:
+                            raise PickleError(f"MARKs nested deeper than {MAX_DEPTH} levels")
+                        metastack.append(stack)
+                        stack = []
+                    elif op == 0x58:  # X BINUNICODE
+                        size = _U32(data, pos)[0]
+                        pos += 4
+                        if pos + size > end:
+                            raise Truncated(_TRUNCATED)
+                        stack.append(str(data[pos : pos + size], "utf-8", "surrogatepass"))
+                        pos += size
+                    elif op == 0x52:  # R REDUCE
+                        args = stack.pop()
+                        if type(args) is not tuple:
+                            raise PickleError(f"REDUCE with arguments of type {type(args).__name__}")
+                        result = hooks.reduce(stack[-1], args)
+                        stack[-1] = self._made(result) if type(result) in containers else result
+                    elif op == 0x51:  # Q BINPERSID
+                        stack.append(hooks.persistent_load(stack.pop()))
+                    elif op == 0x29:  # ) EMPTY_TUPLE
+                        stack.append(())
+                    elif op == 0x4D:  # M BININT2
+                        stack.append(_U16(data, pos)[0])
+                        pos += 2
+                    elif op == 0x4A:  # J BININT
+                        stack.append(_I32(data, pos)[0])
+                        pos += 4
+                    elif op == 0x4E:  # N NONE
+                        stack.append(None)
+                    elif op == 0x5D:  # ] EMPTY_LIST
+                        stack.append([])
+                    elif op == 0x47:  # G BINFLOAT
+                        stack.append(_F64(data, pos)[0])
+                        pos += 8
+                    elif op == 0x55:  # U SHORT_BINSTRING (torch.load decodes it as UTF-8)
+                        size = data[pos]
+                        if pos + 1 + size > end:
+                            raise Truncated(_TRUNCATED)
+                        stack.append(data[pos + 1 : pos + 1 + size].decode("utf-8"))
+                        pos += 1 + size
+                    elif op == 0x2E:  # . STOP
+                        self.pos = pos
+                        return stack.pop(), pos
+                    else:
+                        pos -= 1
+                        raise PickleError(self._refused(op, stack, pos))
+                elif op < 0x80:
+                    if op == 0x72:  # r LONG_BINPUT
+                        memo[_U32(data, pos)[0]] = stack[-1]
+                        pos += 4
+                    elif op == 0x68:  # h BINGET
+                        stack.append(memo[data[pos]])
+                        pos += 1
+                    elif op == 0x74:  # t TUPLE
+                        items = stack
+                        stack = metastack.pop()
+                        stack.append(self._tuple(items))
+                    elif op == 0x71:  # q BINPUT
+                        memo[data[pos]] = stack[-1]
+                        pos += 1
+                    elif op == 0x75:  # u SETITEMS
+                        items = stack
+                        stack = metastack.pop()
+                        if len(items) % 2:
+                            raise PickleError("SETITEMS with an odd number of items")
+                        target = stack[-1]
+                        for index in range(0, len(items), 2):
+                            self._setitem(target, items[index], items[index + 1])
+                    elif op == 0x73:  # s SETITEM
+                        value = stack.pop()
+                        key = stack.pop()
+                        self._setitem(stack[-1], key, value)
+                    elif op == 0x61:  # a APPEND
+                        item = stack.pop()
+                        self._append(stack[-1], [item])
+                    elif op == 0x65:  # e APPENDS
+                        items = stack
+                        stack = metastack.pop()
+                        self._append(stack[-1], items)
+                    elif op == 0x7D:  # } EMPTY_DICT
+                        stack.append({})
+                    elif op == 0x6A:  # j LONG_BINGET
+                        stack.append(memo[_U32(data, pos)[0]])
+                        pos += 4
+                    elif op == 0x63:  # c GLOBAL
+                        module, name, pos = self._global(data, pos)
+                        stack.append(hooks.find_global(module, name))
+                    elif op == 0x62:  # b BUILD
+                        state = stack.pop()
+                        hooks.build(stack[-1], state)
+                    else:
+                        pos -= 1
+                        raise PickleError(self._refused(op, stack, pos))
                 elif op == 0x85:  # TUPLE1
                     item = stack[-1]
                     kind = type(item)
                     stack[-1] = (item,) if kind is int or kind is str else self._tuple((item,))
-                elif op == 0x52:  # R REDUCE
-                    args = stack.pop()
-                    if type(args) is not tuple:
-                        raise PickleError(f"REDUCE with arguments of type {type(args).__name__}")
-                    result = hooks.reduce(stack[-1], args)
-                    stack[-1] = self._made(result) if type(result) in containers else result
-                elif op == 0x51:  # Q BINPERSID
-                    stack.append(hooks.persistent_load(stack.pop()))
                 elif op == 0x89:  # NEWFALSE
                     stack.append(False)
-                elif op == 0x29:  # ) EMPTY_TUPLE
-                    stack.append(())
-                elif op == 0x71:  # q BINPUT
-                    memo[data[pos]] = stack[-1]
-                    pos += 1
                 elif op == 0x86:  # TUPLE2
                     stack[-2:] = [self._tuple((stack[-2], stack[-1]))]
                 elif op == 0x87:  # TUPLE3
                     stack[-3:] = [self._tuple((stack[-3], stack[-2], stack[-1]))]
-                elif op == 0x75:  # u SETITEMS
-                    items = stack
-                    stack = metastack.pop()
-                    if len(items) % 2:
-                        raise PickleError("SETITEMS with an odd number of items")
-                    target = stack[-1]
-                    for index in range(0, len(items), 2):
-                        self._setitem(target, items[index], items[index + 1])
-                elif op == 0x4D:  # M BININT2
-                    stack.append(_U16(data, pos)[0])
-                    pos += 2
-                elif op == 0x4A:  # J BININT
-                    stack.append(_I32(data, pos)[0])
-                    pos += 4
                 elif op == 0x88:  # NEWTRUE
                     stack.append(True)
-                elif op == 0x4E:  # N NONE
-                    stack.append(None)
-                elif op == 0x5D:  # ] EMPTY_LIST
-                    stack.append([])
-                elif op == 0x7D:  # } EMPTY_DICT
-                    stack.append({})
-                elif op == 0x73:  # s SETITEM
-                    value = stack.pop()
-                    key = stack.pop()
-                    self._setitem(stack[-1], key, value)
-                elif op == 0x61:  # a APPEND
-                    item = stack.pop()
-                    self._append(stack[-1], [item])
-                elif op == 0x65:  # e APPENDS
-                    items = stack
-                    stack = metastack.pop()
-                    self._append(stack[-1], items)
-                elif op == 0x6A:  # j LONG_BINGET
-                    stack.append(memo[_U32(data, pos)[0]])
-                    pos += 4
-                elif op == 0x63:  # c GLOBAL
-                    module, name, pos = self._global(data, pos)
-                    stack.append(hooks.find_global(module, name))
                 elif op == 0x8A:  # LONG1
                     size = data[pos]
                     if size > MAX_INT_BYTES:
@@ -304,15 +331,6 @@ class PickleVM:
                         raise Truncated(_TRUNCATED)
                     stack.append(int.from_bytes(data[pos + 1 : pos + 1 + size], "little", signed=True))
                     pos += 1 + size
-                elif op == 0x47:  # G BINFLOAT
-                    stack.append(_F64(data, pos)[0])
-                    pos += 8
-                elif op == 0x55:  # U SHORT_BINSTRING (torch.load decodes it as UTF-8)
-                    size = data[pos]
-                    if pos + 1 + size > end:
-                        raise Truncated(_TRUNCATED)
-                    stack.append(data[pos + 1 : pos + 1 + size].decode("utf-8"))
-                    pos += 1 + size
                 elif op == 0x81:  # NEWOBJ
                     args = stack.pop()
                     cls = stack.pop()
@@ -320,18 +338,12 @@ class PickleVM:
                         raise PickleError(f"NEWOBJ with arguments of type {type(args).__name__}")
                     result = hooks.newobj(cls, args)
                     stack.append(self._made(result) if type(result) in containers else result)
-                elif op == 0x62:  # b BUILD
-                    state = stack.pop()
-                    hooks.build(stack[-1], state)
                 elif op == 0x8F:  # EMPTY_SET
                     stack.append(set())
                 elif op == 0x80:  # PROTO (torch accepts any number and warns)
                     if pos >= end:
                         raise Truncated(_TRUNCATED)
                     pos += 1
-                elif op == 0x2E:  # . STOP
-                    self.pos = pos
-                    return stack.pop(), pos
                 else:
                     pos -= 1
                     raise PickleError(self._refused(op, stack, pos))
@@ -342,8 +354,15 @@ class PickleVM:
     def _append(self, target: object, items: list[object]) -> None:
         if type(target) is not list:
             raise PickleError(f"APPEND(S) to a {type(target).__name__}, not a list")
+        containers, depths = self.containers, self.depths
+        deepest = 0
         for item in items:
-            self._grow(target, item)
+            if type(item) in containers:
+                inner = depths.get(id(item), 1)
+                if inner > deepest:
+                    deepest = inner
+        if deepest and deepest + 1 > depths.get(id(target), 1):
+            self._register(target, deepest + 1)
         target.extend(items)
 
     def _made(self, value: object) -> object:

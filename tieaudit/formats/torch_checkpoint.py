@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import reprlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from tieaudit.bytestore import ByteStore
@@ -48,70 +48,100 @@ def key_name(key: object) -> str:
     return reprlib.repr(key)  # bounded depth and length, unlike str() of a hostile key
 
 
-def _children(value: object) -> Iterator[tuple[str, object]] | None:
-    if isinstance(value, dict):
-        return ((key_name(key), item) for key, item in value.items())
-    if isinstance(value, (list, tuple)):
-        return ((str(index), item) for index, item in enumerate(value))
-    return None
+class _Stop(Exception):
+    """Counting stopped; the keys leading to where are collected while the recursion unwinds."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.keys: list[object] = []
 
 
 def _count(root: object, path: str) -> int:
     """Leaves and containers under root, counting a shared container once per place it appears.
 
     Each container's count is computed once (by identity), so a pickle that lists one container
-    a billion times through memo references is measured without being walked.
+    a billion times through memo references is measured without being walked. A container being
+    counted is marked -1, so meeting it again below itself is a cycle.
     """
     counts: dict[int, int] = {}
-    open_containers: set[int] = set()
 
-    def count(name: str, value: object, depth: int) -> int:
-        children = _children(value)
-        if children is None:
-            return 1
+    def count(value: dict[object, object] | list[object] | tuple[object, ...], depth: int) -> int:
         known = counts.get(id(value))
         if known is not None:
+            if known < 0:
+                raise _Stop("contains itself")
             return known
         if depth > MAX_DEPTH:
-            raise InputError(f"containers nested deeper than {MAX_DEPTH} levels at {name[:200]!r}", path)
-        if id(value) in open_containers:
-            raise InputError(f"container {name[:200]!r} contains itself", path)
-        open_containers.add(id(value))
+            raise _Stop(f"is nested deeper than {MAX_DEPTH} levels")
+        counts[id(value)] = -1
         total = 1
-        for key, item in children:
-            if isinstance(item, (dict, list, tuple)):
-                total += count(f"{name}.{key}" if name else key, item, depth + 1)
+        for key, item in value.items() if isinstance(value, dict) else enumerate(value):
+            if isinstance(item, (dict, list, tuple)) and item:
+                try:
+                    total += count(item, depth + 1)
+                except _Stop as stop:
+                    stop.keys.append(key)
+                    raise
             else:
                 total += 1
             if total > MAX_VISITS:
-                raise InputError(
-                    f"more than {MAX_VISITS} entries (or shared containers) in the checkpoint", path
-                )
-        open_containers.discard(id(value))
+                raise _Stop(f"holds more than {MAX_VISITS} entries (or shared containers)")
         counts[id(value)] = total
         return total
 
-    return count("", root, 0)
+    if not isinstance(root, (dict, list, tuple)):
+        return 1
+    try:
+        return count(root, 0)
+    except _Stop as stop:
+        name = ".".join(key_name(key) for key in reversed(stop.keys))[:200] or ROOT_NAME
+        raise InputError(f"container {name!r} {stop.problem}", path) from None
+
+
+def _leaves(root: object, path: str) -> list[tuple[str, object]]:
+    """(dotted name, leaf) pairs of root in pickle order; cycles and runaway nesting are InputErrors."""
+    _count(root, path)  # bounds the walk below: at most MAX_VISITS values, no cycle, bounded depth
+    leaves: list[tuple[str, object]] = []
+    add = leaves.append
+
+    def walk(name: str, value: object) -> None:
+        items: Iterable[tuple[object, object]]
+        spell: Callable[[object], str]
+        if isinstance(value, dict):
+            items, spell = value.items(), key_name
+        elif isinstance(value, (list, tuple)):
+            items, spell = enumerate(value), str
+        else:
+            add((name or ROOT_NAME, value))
+            return
+        prefix = f"{name}." if name else ""
+        for key, item in items:
+            if isinstance(item, (dict, list, tuple)):
+                if item:  # an empty container has no leaves to name
+                    walk(prefix + spell(key), item)
+            else:
+                add((prefix + spell(key), item))
+
+    walk("", root)
+    return leaves
 
 
 def flatten(root: object, path: str) -> list[Entry]:
     """Leaves of root with dotted names, in pickle order; cycles and runaway nesting are InputErrors."""
-    _count(root, path)  # bounds the walk below: at most MAX_VISITS values, no cycle, bounded depth
-    entries: list[Entry] = []
+    return [Entry(name, value) for name, value in _leaves(root, path)]
 
-    def walk(name: str, value: object) -> None:
-        children = _children(value)
-        if children is None:
-            entries.append(Entry(name or ROOT_NAME, value))
-            return
-        for key, item in children:
-            walk(f"{name}.{key}" if name else key, item)
 
-    walk("", root)
-    return entries
+_PLAIN_REASONS: dict[type, str] = {
+    kind: f"{kind.__name__} leaf" for kind in (int, float, str, bool, bytes, set)
+}
+_PLAIN_REASONS[type(None)] = "None leaf"
 
 
 def _skip_reason(value: object) -> str:
+    plain = _PLAIN_REASONS.get(type(value))
+    if plain is not None:
+        return plain
     if isinstance(value, Opaque):
         return f"{value.kind} leaf"
     if isinstance(value, DtypeToken):
@@ -161,21 +191,23 @@ def build_checkpoint(
     tensors: list[TensorInfo] = []
     skipped: list[Skipped] = []
     seen: set[str] = set()
-    for entry in flatten(root, path):
-        record = entry.value
-        if entry.name in seen:
-            skipped.append(Skipped(entry.name, "name already used by an earlier entry"))
+    plain = _PLAIN_REASONS.get
+    for name, record in _leaves(root, path):
+        reason = plain(type(record))
+        if name in seen:
+            skipped.append(Skipped(name, "name already used by an earlier entry"))
+        elif reason is not None:  # the common non-tensor leaves (optimizer indexes, hyperparameters)
+            skipped.append(Skipped(name, reason))
         elif isinstance(record, TensorRecord) and not record.flags and record.dtype in ITEMSIZE:
             offset = record.offset * itemsize(record.dtype)
-            check_viewable(entry.name, record.shape, record.strides, itemsize(record.dtype), offset, path)
-            _check_view(entry.name, record, path)
-            info = TensorInfo(
-                entry.name, record.dtype, record.shape, record.strides, record.storage.key, offset, file
+            check_viewable(name, record.shape, record.strides, itemsize(record.dtype), offset, path)
+            _check_view(name, record, path)
+            tensors.append(
+                TensorInfo(name, record.dtype, record.shape, record.strides, record.storage.key, offset, file)
             )
-            tensors.append(info)
         else:
-            skipped.append(Skipped(entry.name, _skip_reason(record)))
-        seen.add(entry.name)
+            skipped.append(Skipped(name, _skip_reason(record)))
+        seen.add(name)
     return Checkpoint(
         path=path,
         format="torch",
