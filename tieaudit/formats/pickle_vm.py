@@ -1,7 +1,7 @@
 """A pickle virtual machine that runs exactly the opcodes ``torch.load(weights_only=True)`` runs.
 
-torch's weights_only unpickler (``torch/_weights_only_unpickler.py``) interprets 35 opcodes and
-refuses every other one; this loop interprets the same 35 with the same stack semantics, so a
+torch's weights_only unpickler (``torch/_weights_only_unpickler.py``) interprets 34 opcodes and
+refuses every other one; this loop interprets the same 34 with the same stack semantics, so a
 pickle either means the same thing here as in torch or is refused. What a global, a call
 (REDUCE/NEWOBJ), a BUILD or a persistent id becomes is decided by a ``Hooks`` object (for torch
 files: ``torch_pickle.TorchHooks``); nothing from the pickle is ever imported or called.
