@@ -119,6 +119,10 @@ class TorchHooks:
             raise UnsupportedFormatError("legacy storage views (torch < 0.4) are not supported", self.path)
         if not isinstance(storage_type, StorageType) or type(key) is not str:
             bad("malformed storage id (expected storage type, key, location, numel)")
+        if fields == 6 and not storage_type.typed:
+            # torch.save writes these (float8, uint16, ...), but torch's legacy loader asks the
+            # UntypedStorage class for a dtype it does not have: torch.load cannot read the file.
+            bad("an untyped storage in a legacy stream, which torch.load fails to read")
         if isinstance(location, bytes):
             location = location.decode("ascii")
         if type(location) is not str:
