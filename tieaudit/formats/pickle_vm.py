@@ -7,8 +7,8 @@ pickle either means the same thing here as in torch or is refused. What a global
 files: ``torch_pickle.TorchHooks``); nothing from the pickle is ever imported or called.
 
 Unlike CPython's C unpickler, every size, depth and count is bounded while values are built:
-opcodes, nesting (MARK and containers), integer width, string and global lengths, stack size.
-Dict keys are limited to values whose hashing is cheap and cannot recurse without bound.
+opcodes, nesting (MARK and containers), integer width, string and global lengths. Dict keys are
+limited to values whose hashing is cheap and cannot recurse without bound.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ MAX_GLOBAL_BYTES = 512
 """Length of a GLOBAL's module or name line; every allowlisted name is far shorter."""
 
 Hashable = (str, int, float, bool, type(None), bytes)
-"""Dict keys accepted as they are (tuples of these are accepted too, see ``_key_tuples``)."""
+"""Dict keys accepted as they are (tuples of these are accepted too, see ``PickleVM._keyable``)."""
 
 _U16 = struct.Struct("<H").unpack_from
 _U32 = struct.Struct("<I").unpack_from
@@ -71,15 +71,12 @@ class Hooks(Protocol):
         """BINPERSID: what a persistent id stands for."""
 
 
-# torch's Python 2 renaming (torch._utils.IMPORT_MAPPING / NAME_MAPPING), for the names that can
-# reach an allowlisted global; the others stay unrenamed and are refused by their own name.
-_IMPORT_MAPPING = {"__builtin__": "builtins", "copy_reg": "copyreg", "UserDict": "collections"}
+# torch's Python 2 renaming (torch._utils.IMPORT_MAPPING / NAME_MAPPING) where it can matter: the
+# allowlisted builtins; other names are refused either way (by their protocol-3 spelling).
+_IMPORT_MAPPING = {"__builtin__": "builtins", "copy_reg": "copyreg"}
 _NAME_MAPPING = {
     ("__builtin__", "xrange"): ("builtins", "range"),
-    ("__builtin__", "unicode"): ("builtins", "str"),
     ("__builtin__", "long"): ("builtins", "int"),
-    ("__builtin__", "basestring"): ("builtins", "str"),
-    ("UserDict", "UserDict"): ("collections", "UserDict"),
 }
 
 
