@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tieaudit.core.escape import printable
@@ -34,6 +35,9 @@ a re-zipped data.pkl deflates 1.2 to 5 times (the corpus, 10000-name state dicts
 thousand times. Keeps a 64 KB archive's pickle under about 0.5 MB."""
 INFLATION_SLACK = 4096
 """Bytes any deflated member may inflate to whatever its ratio (tiny records compress well)."""
+
+PRELOAD_BYTES = 16 << 20
+"""A records region (everything before the central directory) this small is read at once."""
 
 LOCAL_MAGIC = b"PK\x03\x04"
 _CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")
@@ -100,6 +104,19 @@ def pread(fd: int, size: int, offset: int) -> bytes:
         size -= len(chunk)
         offset += len(chunk)
     return b"".join(chunks)
+
+
+ReadAt = Callable[[int, int], bytes]
+"""(size, offset) -> the bytes there (fewer only at the end of the file)."""
+
+
+def _reader(fd: int, records_end: int) -> ReadAt:
+    """Reads of the records region: from one read of it when small (many small members cost one
+    system call, not three each), else one pread per header."""
+    if records_end > PRELOAD_BYTES:
+        return lambda size, offset: pread(fd, size, offset)
+    region = pread(fd, records_end, 0)
+    return lambda size, offset: region[offset : offset + size]
 
 
 def _fail(message: str, path: str) -> InputError:
@@ -230,11 +247,11 @@ def _check_entry(
         raise _member(name, "declares sizes that cannot both be right", path)
 
 
-def _local(fd: int, member: ZipMember, zip64: bool, size: int, path: str) -> ZipMember:
+def _local(read: ReadAt, member: ZipMember, zip64: bool, size: int, path: str) -> ZipMember:
     """The member with its data offset, after checking its local header agrees with the central one."""
     if member.header_offset + _LOCAL.size + len(member.name) > size:
         raise _member(member.name, "starts past the end of the file", path)
-    raw = pread(fd, _LOCAL.size + len(member.name), member.header_offset)
+    raw = read(_LOCAL.size + len(member.name), member.header_offset)
     magic, _, flags, method, _, _, crc, csize, usize, name_len, extra_len = _LOCAL.unpack_from(raw)
     if magic != LOCAL_MAGIC or raw[_LOCAL.size :] != member.name or name_len != len(member.name):
         raise _member(member.name, f"has no matching local header; {_AMBIGUOUS}", path)
@@ -243,7 +260,7 @@ def _local(fd: int, member: ZipMember, zip64: bool, size: int, path: str) -> Zip
     declared = (crc, csize, usize)
     expected = (member.crc, member.compressed_size, member.size)
     if (csize, usize) == (_MARKER32, _MARKER32) and zip64:
-        extra = pread(fd, extra_len, member.header_offset + _LOCAL.size + name_len)
+        extra = read(extra_len, member.header_offset + _LOCAL.size + name_len)
         big = _zip64_fields(extra, ["size", "csize"], path, member.name)
         declared = (crc, big["csize"], big["size"])
     if declared != expected and not (flags & _DESCRIPTOR and declared == (0, 0, 0)):
@@ -261,9 +278,9 @@ def _local(fd: int, member: ZipMember, zip64: bool, size: int, path: str) -> Zip
     return ZipMember(name, method, flags, crc, csize, usize, offset, data_offset)
 
 
-def _descriptor_ok(fd: int, member: ZipMember, gap: int) -> bool:
+def _descriptor_ok(read: ReadAt, member: ZipMember, gap: int) -> bool:
     """Whether the gap after member's data holds exactly its data descriptor."""
-    raw = pread(fd, gap, member.data_offset + member.compressed_size)
+    raw = read(gap, member.data_offset + member.compressed_size)
     if gap in (16, 24) and raw.startswith(b"PK\x07\x08"):
         raw = raw[4:]
     if len(raw) == 12:
@@ -271,7 +288,7 @@ def _descriptor_ok(fd: int, member: ZipMember, gap: int) -> bool:
     return len(raw) == 20 and struct.unpack("<IQQ", raw) == (member.crc, member.compressed_size, member.size)
 
 
-def _tile(fd: int, members: list[ZipMember], cd_offset: int, path: str) -> None:
+def _tile(read: ReadAt, members: list[ZipMember], cd_offset: int, path: str) -> None:
     """Every byte before the central directory belongs to exactly one record."""
     ordered = sorted(members, key=lambda m: m.header_offset)
     if not ordered or ordered[0].header_offset != 0:
@@ -285,7 +302,7 @@ def _tile(fd: int, members: list[ZipMember], cd_offset: int, path: str) -> None:
         if gap < 0:
             raise _member(member.name, f"overlaps the next record of the archive; {_AMBIGUOUS}", path)
         if gap and not (
-            member.flags & _DESCRIPTOR and gap in (12, 16, 20, 24) and _descriptor_ok(fd, member, gap)
+            member.flags & _DESCRIPTOR and gap in (12, 16, 20, 24) and _descriptor_ok(read, member, gap)
         ):
             raise _member(member.name, f"is followed by {gap} bytes no record covers; {_AMBIGUOUS}", path)
         if not gap and member.flags & _DESCRIPTOR and member.compressed_size:
@@ -328,12 +345,13 @@ def read_archive(fd: int, size: int, path: str) -> ZipArchive:
             path,
         )
     central = _central_members(pread(fd, cd_size, cd_offset), count, path)
+    read = _reader(fd, cd_offset)
     members = []
     for member, zip64 in central:
         if member.header_offset >= cd_offset or member.compressed_size > cd_offset:
             raise _fail(f"zip member {shown(member.name)!r} lies outside the archive's records", path)
-        members.append(_local(fd, member, zip64, cd_offset, path))
-    _tile(fd, members, cd_offset, path)
+        members.append(_local(read, member, zip64, cd_offset, path))
+    _tile(read, members, cd_offset, path)
     return ZipArchive(tuple(members), _fold(members, path))
 
 
