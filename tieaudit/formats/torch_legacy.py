@@ -24,6 +24,9 @@ MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
 PROTOCOL_VERSION = 1001
 FIRST_WINDOW = 64 << 10
 """Bytes read for a pickle at first; a longer pickle is read again with a window 8 times larger."""
+MAX_HEADER_PICKLE_BYTES = 64 << 10
+"""The magic number, protocol version and system info pickles: about 130 bytes together in every
+legacy file torch wrote."""
 
 
 def _is_tar(fd: int) -> bool:
@@ -39,19 +42,25 @@ def _is_tar(fd: int) -> bool:
 
 
 def _load_at(
-    fd: int, start: int, size: int, path: str, what: str, layout: Layout = "plain"
+    fd: int,
+    start: int,
+    size: int,
+    path: str,
+    what: str,
+    layout: Layout = "plain",
+    limit: int = MAX_PICKLE_BYTES,
 ) -> tuple[object, dict[str, StorageRef], int]:
-    """The pickle starting at byte start, read through a growing window of the file."""
-    window = FIRST_WINDOW
+    """The pickle starting at byte start (at most limit bytes), read through a growing window."""
+    window = min(FIRST_WINDOW, limit)
     while True:
-        data = pread(fd, min(window, size - start, MAX_PICKLE_BYTES), start)
+        data = pread(fd, min(window, size - start, limit), start)
         try:
             root, storages, end = load_pickle(data, path, what, layout=layout)
         except Truncated:
             if start + len(data) >= size:
                 raise truncated_error(what, path) from None
-            if len(data) >= MAX_PICKLE_BYTES:
-                raise InputError(f"{what} is larger than {MAX_PICKLE_BYTES} bytes", path) from None
+            if len(data) >= limit:
+                raise InputError(f"{what} is larger than {limit} bytes", path) from None
             window *= 8
             continue
         return root, storages, start + end
@@ -69,11 +78,12 @@ def read_legacy(fd: int, size: int, path: str) -> tuple[object, dict[str, Storag
             "refuses with weights_only",
             path,
         )
-    magic, _, position = _load_at(fd, 0, size, path, "the magic number")
-    version, _, position = _load_at(fd, position, size, path, "the protocol version")
+    header = MAX_HEADER_PICKLE_BYTES
+    magic, _, position = _load_at(fd, 0, size, path, "the magic number", limit=header)
+    version, _, position = _load_at(fd, position, size, path, "the protocol version", limit=header)
     if magic != MAGIC_NUMBER or version != PROTOCOL_VERSION:
         raise InputError(f"not a legacy torch file (magic {_shown(magic)}, protocol {_shown(version)})", path)
-    sys_info, _, position = _load_at(fd, position, size, path, "the system info")
+    sys_info, _, position = _load_at(fd, position, size, path, "the system info", limit=header)
     if not isinstance(sys_info, dict) or sys_info.get("little_endian") is not True:
         raise UnsupportedFormatError("big-endian (or unmarked) legacy checkpoints are not supported", path)
     root, storages, position = _load_at(fd, position, size, path, "the object pickle", "legacy")

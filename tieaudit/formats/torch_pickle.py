@@ -30,8 +30,10 @@ from tieaudit.formats.torch_records import (
 
 __all__ = ["DtypeToken", "Opaque", "StorageRef", "TensorRecord", "load_pickle", "refuse_unknown"]
 
-MAX_PICKLE_BYTES = 1 << 30
-"""A pickle larger than this is refused: real ones hold metadata only (tens of MB for 1 TB models)."""
+MAX_PICKLE_BYTES = 256 << 20
+"""A pickle larger than this is refused: real ones hold metadata only (a 1 TB mixture-of-experts
+model with Adam state has about 300000 tensors, some 50 MB of pickle). Memory while unpickling is
+at most about 64 bytes per pickle byte (one small container per one-byte opcode)."""
 
 Layout = Literal["zip", "legacy", "plain"]
 """How persistent ids look: zip archives (5 fields), legacy streams (6 fields), or none allowed."""
