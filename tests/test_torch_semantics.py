@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fixtures" / "ho
 from builders import call, dct, glob, integer, pickle_of, text, tup  # noqa: E402
 
 REFUSED_BY_TORCH = "Unsupported operand"
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # torch's warnings on odd dtypes, protocols
 
 
 def torch_allowed() -> dict[str, object]:
