@@ -355,6 +355,12 @@ SNIPPETS = (
     b"\x93",
     b"h\x00",
     b".",
+    b"K\x01" + b"\x85" * 5000,  # a tuple nested 5000 deep (hash recursion when used as a key)
+    b"\x8b" + struct.pack("<i", 2080) + b"\x7f" * 2080,  # LONG4 of 5000 digits
+    b"I" + b"9" * 5000 + b"\n",  # a protocol-0 INT of 5000 digits
+    b"\x8a\xff" + b"\x11" * 255,  # the widest LONG1
+    b"\x95" + struct.pack("<Q", 8),  # FRAME
+    b"}(X\x04\x00\x00\x00dataN" + b"u",  # an attribute state naming data
 )
 
 
@@ -428,9 +434,9 @@ def mutate_torch_zip(data: bytes, rng: random.Random) -> bytes:
     except Exception:
         return mutate_bytes(data, rng)
     pickles = [m for m in members if m.name.endswith("data.pkl")]
-    action = rng.randrange(14)
-    if action >= 10:
-        return _mutate_zip_layout(data, members, rng, action)
+    action = rng.randrange(17)
+    if action >= 13:  # 13..16: the layout attacks of mutators_trust (case twins of data.pkl, glue...)
+        return _mutate_zip_layout(data, members, rng, action - 3)
     if action < 6 and pickles:
         pickles[0].data = mutate_pickle(pickles[0].data, rng)
     elif action == 6 and members:
@@ -445,6 +451,16 @@ def mutate_torch_zip(data: bytes, rng: random.Random) -> bytes:
         member.compress = rng.choice(
             (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA)
         )
+    elif action in (9, 10) and members:
+        # Names torch folds together (miniz finds members case-insensitively) or cuts (NUL).
+        member = rng.choice(members)
+        twin = mh.Member(
+            rng.choice((member.name.upper(), member.name.swapcase(), member.name + "\x00x")), b""
+        )
+        twin.data = mutate_bytes(member.data, rng) if member.data and rng.randrange(2) else member.data
+        members.insert(rng.randrange(len(members) + 1), twin)
+    elif action == 11:
+        return _glued(data, rng)
     elif members:
         member = rng.choice(members)
         member.data = mutate_bytes(member.data, rng)
@@ -475,6 +491,13 @@ def _mutate_zip_layout(data: bytes, members: list[mh.Member], rng: random.Random
         return mh.zip_of(members)
     except Exception:
         return mutate_bytes(data, rng)
+
+
+def _glued(data: bytes, rng: random.Random) -> bytes:
+    """The archive with bytes before or after it, or two archives glued (zipfile and miniz then
+    locate records differently)."""
+    junk = rng.choice((b"PK\x03\x04" + bytes(60), bytes(rng.randrange(1, 100)), data))
+    return junk + data if rng.randrange(2) else data + junk
 
 
 def mutate_torch_legacy(data: bytes, rng: random.Random) -> bytes:
@@ -935,7 +958,8 @@ def seeds(generated: Path = GENERATED) -> dict[str, list[bytes]]:
 
 
 def hostile_seeds() -> dict[str, list[bytes]]:
-    """The committed hostile files, by the kind whose reader they attack (code-execution ones included)."""
+    """The committed hostile files tieaudit refuses, by the kind whose reader they attack (code-execution
+    ones included; the valid-but-expensive cases are left to the corpus seeds)."""
     by_tag = {"zip": "torch-zip", "legacy": "torch-legacy", "safetensors": "safetensors", "onnx": "onnx"}
     out: dict[str, list[bytes]] = {kind: [] for kind in KINDS}
     for case in mh.CASES:
