@@ -63,7 +63,9 @@ class FilePart:
     declared_ties: tuple[DeclaredTie, ...] = ()
     """Ties the file itself records (safetensors ``__metadata__``)."""
     skipped: tuple[Skipped, ...] = ()
-    """Entries the file's reader did not treat as tensors."""
+    """Entries the file's reader did not treat as tensors (at most MAX_KEPT_SKIPPED)."""
+    skipped_more: int = 0
+    """Further such entries, counted but not kept."""
     memory: dict[str, bytes] = field(default_factory=dict)
     """Storage bytes that live in memory rather than in the file, by storage id."""
 
@@ -206,7 +208,9 @@ def read_torch_part(folder: str, file: str) -> FilePart:
 
     with TorchReader().read(confined_path(folder, file)) as sub:
         memory = {sid: bytes(sub.store.buffer(s)) for sid, s in sub.storages.items() if s.file_offset < 0}
-        return FilePart(file, sub.tensors, dict(sub.storages), sub.declared_ties, sub.skipped, memory)
+        return FilePart(
+            file, sub.tensors, dict(sub.storages), sub.declared_ties, sub.skipped, sub.skipped_more, memory
+        )
 
 
 def rebased(part: FilePart, namespaced: bool) -> FilePart:
@@ -356,6 +360,7 @@ class HfDirReader(Reader):
             store=byte_store(folder, parts),
             declared_ties=ties,
             skipped=tuple(notes + tokenizer_notes),
+            skipped_more=sum(part.skipped_more for part in parts),
             config=model_config(config, os.path.join(folder, CONFIG), tokenizer_size, TOKENIZER),
             files=tuple(config_files + index_files + list(weights.files) + tokenizer_files),
         )

@@ -129,7 +129,7 @@ def render_text(audit: Audit, color: bool = False, width: int = 120) -> str:
     if hidden:
         console.print(f"{hidden} smaller tensors not shown; --format json lists every tensor.")
     if ckpt.skipped:
-        console.print(f"{len(ckpt.skipped)} non-tensor entries skipped (--format json lists them).")
+        console.print(f"{ckpt.skipped_total} non-tensor entries skipped (--format json lists them).")
     return buffer.getvalue()
 
 
