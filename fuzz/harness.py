@@ -27,12 +27,19 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTILE = ROOT / "fixtures" / "hostile"
 GENERATED = ROOT / "fixtures" / "generated"
 sys.path.insert(0, str(HOSTILE))
 import make_hostile as mh  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import mutators_trust as trust  # noqa: E402
+
+if TYPE_CHECKING:
+    import onnx
 
 KINDS = ("safetensors", "torch-zip", "torch-legacy", "onnx", "onnx-external", "hf-dir", "sniff")
 BUNDLE_SEP = b"\n--tieaudit-fuzz-file--\n"
@@ -347,6 +354,12 @@ SNIPPETS = (
     b"\x93",
     b"h\x00",
     b".",
+    b"K\x01" + b"\x85" * 5000,  # a tuple nested 5000 deep (hash recursion when used as a key)
+    b"\x8b" + struct.pack("<i", 2080) + b"\x7f" * 2080,  # LONG4 of 5000 digits
+    b"I" + b"9" * 5000 + b"\n",  # a protocol-0 INT of 5000 digits
+    b"\x8a\xff" + b"\x11" * 255,  # the widest LONG1
+    b"\x95" + struct.pack("<Q", 8),  # FRAME
+    b"}(X\x04\x00\x00\x00dataN" + b"u",  # an attribute state naming data
 )
 
 
@@ -401,7 +414,8 @@ def mutate_pickle(data: bytes, rng: random.Random) -> bytes:
         if strings:
             _, _, start, end = rng.choice(strings)
             return data[:start] + mh.text(rng.choice(STRINGS)) + data[end:]
-    return data[:start] + rng.choice(SNIPPETS) + data[start:]
+    snippets = trust.DEEP_SNIPPETS if rng.random() < 0.2 else SNIPPETS
+    return data[:start] + rng.choice(snippets) + data[start:]
 
 
 # --- zip (torch.save) mutations ----------------------------------------------------------------
@@ -419,7 +433,9 @@ def mutate_torch_zip(data: bytes, rng: random.Random) -> bytes:
     except Exception:
         return mutate_bytes(data, rng)
     pickles = [m for m in members if m.name.endswith("data.pkl")]
-    action = rng.randrange(10)
+    action = rng.randrange(17)
+    if action >= 13:  # 13..16: the layout attacks of mutators_trust (case twins of data.pkl, glue...)
+        return _mutate_zip_layout(data, members, rng, action - 3)
     if action < 6 and pickles:
         pickles[0].data = mutate_pickle(pickles[0].data, rng)
     elif action == 6 and members:
@@ -434,6 +450,16 @@ def mutate_torch_zip(data: bytes, rng: random.Random) -> bytes:
         member.compress = rng.choice(
             (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA)
         )
+    elif action in (9, 10) and members:
+        # Names torch folds together (miniz finds members case-insensitively) or cuts (NUL).
+        member = rng.choice(members)
+        twin = mh.Member(
+            rng.choice((member.name.upper(), member.name.swapcase(), member.name + "\x00x")), b""
+        )
+        twin.data = mutate_bytes(member.data, rng) if member.data and rng.randrange(2) else member.data
+        members.insert(rng.randrange(len(members) + 1), twin)
+    elif action == 11:
+        return _glued(data, rng)
     elif members:
         member = rng.choice(members)
         member.data = mutate_bytes(member.data, rng)
@@ -441,6 +467,36 @@ def mutate_torch_zip(data: bytes, rng: random.Random) -> bytes:
         return mh.zip_of(members)
     except Exception:
         return mutate_bytes(data, rng)
+
+
+def _mutate_zip_layout(data: bytes, members: list[mh.Member], rng: random.Random, action: int) -> bytes:
+    """The attacks on how torch finds members: a letter-case twin (an evil pickle, or any member's
+    bytes), another first entry, a missing version record, glued, padded or flagged archives."""
+    if action == 10 and members:
+        model = rng.choice(members)
+        evil = mh.pickle_of(mh.os_system()) if model.name.endswith("data.pkl") else model.data
+        twin = mh.Member(trust.swap_case(model.name, rng), evil, model.compress)
+        members.insert(rng.randrange(len(members) + 1), twin)
+    elif action == 11 and members:
+        rng.shuffle(members)
+        if rng.random() < 0.5:
+            members.insert(0, mh.Member(rng.choice(("other/x", "x", "ARCHIVE/data.pkl")), b"3\n"))
+    elif action == 12:
+        members = [m for m in members if not m.name.endswith("version")]
+    else:
+        other = rng.choice((mh.valid_torch_zip(), mh._zip_with_evil(mh.os_system())))
+        return trust.mutate_archive_bytes(data, other, rng)
+    try:
+        return mh.zip_of(members)
+    except Exception:
+        return mutate_bytes(data, rng)
+
+
+def _glued(data: bytes, rng: random.Random) -> bytes:
+    """The archive with bytes before or after it, or two archives glued (zipfile and miniz then
+    locate records differently)."""
+    junk = rng.choice((b"PK\x03\x04" + bytes(60), bytes(rng.randrange(1, 100)), data))
+    return junk + data if rng.randrange(2) else data + junk
 
 
 def mutate_torch_legacy(data: bytes, rng: random.Random) -> bytes:
@@ -565,14 +621,84 @@ def mutate_header(header: dict[str, object], rng: random.Random) -> None:
             entry["data_offsets"] = other.get("data_offsets")
 
 
+def _mutate_safetensors_trust(data: bytes, rng: random.Random) -> bytes:
+    """Duplicate keys, bytes no tensor covers, sizes out of proportion, names attacking a log."""
+    (length,) = struct.unpack("<Q", data[:8])
+    raw, body = data[8 : 8 + length], data[8 + length :]
+    action = rng.randrange(4)
+    if action == 0:
+        raw = trust.safetensors_duplicate_key(raw, rng)
+    elif action == 1:
+        body += rng.choice((b"\x00", b"\x00" * 8, rng.randbytes(64)))
+    else:
+        parts = _split_safetensors(data)
+        if parts is None:
+            return mutate_bytes(data, rng)
+        header, body = parts
+        names = [k for k in header if k != "__metadata__" and isinstance(header[k], dict)]
+        if not names:
+            return mutate_bytes(data, rng)
+        name = rng.choice(names)
+        if action == 2:
+            header[name]["shape"] = rng.choice(trust.HUGE_DIMS)  # type: ignore[index]
+        else:
+            header[trust.evil_name(name, rng)] = header.pop(name)
+        raw = json.dumps(header).encode()
+        if action == 2 and rng.random() < 0.3:
+            raw = raw.replace(b'"shape": [', b'"shape": [' + trust.DIGITS_5000.encode() + b", ", 1)
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + body
+
+
+INJECTED: tuple[bytes, ...] = (
+    b"NaN",
+    b"-Infinity",
+    b"1e400",
+    b"-0",
+    b"9" * 5000,
+    b"9" * 300,
+    b'"\\ud800"',
+    b"[" * 200 + b"]" * 200,
+    b'{"k":1,"k":2}',
+)
+"""JSON values Python's json reads and the safetensors library's serde_json refuses (or reads
+differently), put into a tensor entry by ``_raw_header``."""
+
+
+def _raw_header(header: dict[str, object], rng: random.Random) -> bytes:
+    """The header as JSON text, sometimes spelled in ways only the raw text can hold: a key twice,
+    an injected value, a byte order mark, UTF-16, NUL padding."""
+    pairs = [json.dumps(k).encode() + b":" + json.dumps(v).encode() for k, v in header.items()]
+    action = rng.randrange(6)
+    if pairs and action == 0:
+        pairs.insert(rng.randrange(len(pairs) + 1), rng.choice(pairs))  # a duplicate key
+    elif pairs and action == 1:
+        index = rng.randrange(len(pairs))
+        if pairs[index].endswith(b"}"):
+            pairs[index] = pairs[index][:-1] + b', "x": ' + rng.choice(INJECTED) + b"}"
+    raw = b"{" + b", ".join(pairs) + b"}"
+    if action == 2:
+        raw = rng.choice((b"\xef\xbb\xbf", b" \n")) + raw
+    elif action == 3:
+        raw = raw.decode().encode("utf-16")
+    return raw + (b"\x00" if action == 4 else b" ") * (-len(raw) % 8)
+
+
 def mutate_safetensors(data: bytes, rng: random.Random) -> bytes:
     parts = _split_safetensors(data)
     if parts is None or rng.random() < 0.2:
         return mutate_bytes(data, rng)
+    if rng.random() < 0.2:
+        return _mutate_safetensors_trust(data, rng)
     header, body = parts
     mutate_header(header, rng)
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
+    if rng.random() < 0.25:
+        raw = _raw_header(header, rng)
+    else:
+        raw = json.dumps(header).encode()
+        raw += b" " * (-len(raw) % 8)
+    if rng.random() < 0.1:  # bytes after the last tensor that no tensor covers
+        body += rng.choice((b"\x00", b"\x00" * 8, b"PK\x03\x04"))
     length = len(raw)
     if rng.random() < 0.15:
         length = rng.choice((length - 1, length + 8, 0, 100_000_000, 2**64 - 1, len(raw) + len(body)))
@@ -608,7 +734,7 @@ def mutate_onnx(data: bytes, rng: random.Random) -> bytes:
         return mutate_bytes(data, rng)
     graph = model.graph
     inits = list(graph.initializer)
-    action = rng.randrange(9)
+    action = rng.randrange(13)
     if inits and action < 5:
         init = rng.choice(graph.initializer)
         if action == 0:
@@ -627,7 +753,9 @@ def mutate_onnx(data: bytes, rng: random.Random) -> bytes:
                 if rng.random() < 0.85:
                     init.external_data.add(key=key, value=rng.choice(values))
         else:
-            init.name = rng.choice(("", inits[0].name, "x" * 200, init.name + "_2"))
+            init.name = rng.choice(
+                ("", inits[0].name, "x" * 200, init.name + "_2", trust.evil_name(init.name, rng))
+            )
     elif action == 5:
         source = rng.choice([i.name for i in inits] or ["x"])
         nodes = [helper.make_node("Identity", [source], ["a"]), helper.make_node("Identity", ["a"], [source])]
@@ -638,6 +766,8 @@ def mutate_onnx(data: bytes, rng: random.Random) -> bytes:
     elif action == 7:
         sub = helper.make_graph([], "sub", [], [], [helper.make_tensor("E", TensorProto.FLOAT, [1], [2.0])])
         graph.node.append(helper.make_node("If", ["cond"], ["o"], then_branch=sub, else_branch=sub))
+    elif action >= 9:
+        _add_unread_external(model, rng, action)
     else:
         entry = model.metadata_props.add()
         entry.key, entry.value = (
@@ -648,6 +778,28 @@ def mutate_onnx(data: bytes, rng: random.Random) -> bytes:
         return bytes(model.SerializeToString())
     except Exception:
         return mutate_bytes(data, rng)
+
+
+def _add_unread_external(model: onnx.ModelProto, rng: random.Random, action: int) -> None:
+    """An external tensor where tieaudit does not read tensors but a loader opens files: a sparse
+    initializer, a node attribute, a function's Constant, a training graph's initializer."""
+    from onnx import TensorProto, helper
+
+    tensor = TensorProto(name="u", data_type=TensorProto.FLOAT, dims=[4], data_location=TensorProto.EXTERNAL)
+    for key, values in (("location", LOCATIONS), ("offset", COUNTS), ("length", COUNTS)):
+        if rng.random() < 0.85:
+            tensor.external_data.add(key=key, value=rng.choice(values))
+    if action == 9:
+        indices = helper.make_tensor("u_i", TensorProto.INT64, [1], [0])
+        model.graph.sparse_initializer.append(helper.make_sparse_tensor(tensor, indices, [4]))
+    elif action == 10:
+        model.graph.node.append(helper.make_node("ConstantOfShape", ["ids"], ["z"], value=tensor))
+    elif action == 11:
+        body = [helper.make_node("Constant", [], ["y"], value=tensor)]
+        opsets = [helper.make_opsetid("", 17)]
+        model.functions.append(helper.make_function("fz", "F", [], ["y"], body, opsets))
+    else:
+        model.training_info.add(initialization=helper.make_graph([], "t", [], [], [tensor]))
 
 
 # --- bundles -----------------------------------------------------------------------------------
@@ -682,14 +834,25 @@ def _mutate_json_file(data: bytes, rng: random.Random, index: bool) -> bytes:
             key = rng.choice(sorted(weight_map))
             files = sorted({v for v in weight_map.values() if isinstance(v, str)}) or ["x"]
             weight_map[key] = rng.choice(
-                (*files, "../x.safetensors", "/etc/passwd", "missing.safetensors", 5)
+                (*files, "../x.safetensors", "/etc/passwd", "missing.safetensors", 5, *UNNAMEABLE)
             )
         else:
             value[rng.choice(("weight_map", "metadata"))] = rng.choice(({}, [], {"a": "b"}, None))
+    elif rng.random() < 0.1:  # nesting past hf_dir.MAX_JSON_DEPTH, or past the parser's recursion
+        depth = rng.choice((65, 100_000))
+        value[rng.choice(("text_config", "vocab_size"))] = DEEP
+        return json.dumps(value).encode().replace(json.dumps(DEEP).encode(), b"[" * depth + b"]" * depth)
     else:
-        key, new = rng.choice(CONFIG_EDITS)
+        key, new = rng.choice(CONFIG_EDITS if rng.random() < 0.7 else trust.CONFIG_ATTACKS)
         value[key] = new
     return json.dumps(value).encode()
+
+
+UNNAMEABLE = ("x\x00.safetensors", "\ud800.safetensors")
+"""Shard names no file can have: a NUL byte, a lone surrogate (written as a JSON escape)."""
+
+DEEP = "tieaudit-fuzz-deep-nesting"
+"""Placeholder replaced by brackets after encoding (json.dumps itself recurses once per level)."""
 
 
 def mutate_bundle(data: bytes, rng: random.Random) -> bytes:
@@ -794,13 +957,15 @@ def seeds(generated: Path = GENERATED) -> dict[str, list[bytes]]:
 
 
 def hostile_seeds() -> dict[str, list[bytes]]:
-    """The committed hostile files, by the kind whose reader they attack (code-execution ones included)."""
+    """The committed hostile files tieaudit refuses, by the kind whose reader they attack (code-execution
+    ones included; the valid-but-expensive cases are left to the corpus seeds)."""
     by_tag = {"zip": "torch-zip", "legacy": "torch-legacy", "safetensors": "safetensors", "onnx": "onnx"}
     out: dict[str, list[bytes]] = {kind: [] for kind in KINDS}
     for case in mh.CASES:
         path = HOSTILE / case.name
         kinds = [by_tag[tag] for tag in case.tags if tag in by_tag]
-        if case.committed and path.is_file() and kinds:
+        # exit_code 0: a legitimate spelling the reader must accept, not a hostile seed
+        if case.committed and path.is_file() and kinds and case.exit_code != 0:
             out[kinds[-1]].append(path.read_bytes())
     return out
 

@@ -121,3 +121,49 @@ def test_malformed_baselines_are_usage_errors(content: str, repo: Path) -> None:
         load_baseline(str(baseline))
     assert main(["check", str(repo / "models"), "--baseline", str(baseline)]) == 2
     assert main(["check", str(repo / "models"), "--baseline", str(repo / "missing.json")]) == 2
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b'{"schema": "tieaudit.baseline/1", "findings": [' + b"9" * 5000 + b"]}", "more than 4300 digits"),
+        (b'{"schema": "tieaudit.baseline/1", "findings": [[[[[[[[[]]]]]]]]]}', "deeper than 8 levels"),
+        (b'{"schema": "tieaudit.baseline/1\xff"}', "not UTF-8 text"),
+    ],
+)
+def test_hostile_baselines_are_one_usage_line(content: bytes, message: str, tmp_path: Path) -> None:
+    baseline = tmp_path / "baseline.json"
+    baseline.write_bytes(content)
+    with pytest.raises(UsageError) as raised:
+        load_baseline(str(baseline))
+    assert message in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_baseline_over_the_size_limit_is_refused_before_reading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tieaudit.baseline
+
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text(json.dumps({"schema": SCHEMA, "findings": []}))
+    monkeypatch.setattr(tieaudit.baseline, "MAX_BASELINE_BYTES", baseline.stat().st_size - 1)
+    with pytest.raises(UsageError, match=r"over the \d+ B limit \(MAX_BASELINE_BYTES\)"):
+        load_baseline(str(baseline))
+
+
+def test_paths_and_names_that_are_not_utf8_have_fingerprints_and_round_trip(tmp_path: Path) -> None:
+    from tieaudit.baseline import baseline_text, entry
+
+    path = str(tmp_path / "models" / "\udcff\n.safetensors")  # a file name byte that is not UTF-8
+    accepted = entry(path, "TIE001", ["\ud800 lone surrogate from a JSON header", "b"], str(tmp_path))
+    text = baseline_text([accepted])
+    text.encode("utf-8")  # valid UTF-8: the surrogates are JSON escapes
+    (written,) = json.loads(text)["findings"]
+    assert written["path"] == "models/\udcff\n.safetensors"
+    assert written["names"] == sorted(accepted.names)
+    assert written["fingerprint"] == accepted.fingerprint == fingerprint(
+        path, "TIE001", list(accepted.names), str(tmp_path)
+    )
+    plain = hashlib.sha256(json.dumps(["m.pt", "TIE001", ["a"]], separators=(",", ":")).encode()).hexdigest()
+    assert fingerprint(str(tmp_path / "m.pt"), "TIE001", ["a"], str(tmp_path)) == plain  # UTF-8 unchanged

@@ -97,6 +97,8 @@ class Outcome:
     """Wall time."""
     max_rss_kib: int
     """Peak resident memory of the run (from wait4)."""
+    cpu_seconds: float
+    """User plus system CPU time of the run (from wait4): what the input cost, whatever the load."""
     stdout: str
     stderr: str
 
@@ -147,7 +149,7 @@ def serve(jobs: list[Job], parallel: int) -> list[Outcome]:
     sys.stdout.flush()
     sys.stderr.flush()
     pending, running = list(enumerate(jobs)), {}
-    ended: dict[int, tuple[int | None, float, int]] = {}
+    ended: dict[int, tuple[int | None, float, int, float]] = {}
     while pending or running:
         while pending and len(running) < parallel:
             index, job = pending.pop(0)
@@ -166,12 +168,13 @@ def serve(jobs: list[Job], parallel: int) -> list[Outcome]:
         index, began = running.pop(pid)
         killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == 9
         code = None if killed else os.waitstatus_to_exitcode(status)
-        ended[index] = (code, time.monotonic() - began, usage.ru_maxrss)
+        cpu = usage.ru_utime + usage.ru_stime
+        ended[index] = (code, time.monotonic() - began, usage.ru_maxrss, cpu)
     outcomes = []
     for index, job in enumerate(jobs):
-        code, seconds, rss = ended[index]
+        code, seconds, rss, cpu = ended[index]
         out, err = (Path(job.stem + suffix).read_text(errors="replace") for suffix in (".out", ".err"))
-        outcomes.append(Outcome(code, seconds, rss, out, err))
+        outcomes.append(Outcome(code, seconds, rss, cpu, out, err))
     return outcomes
 
 
@@ -194,6 +197,13 @@ class Run:
     outcome: Outcome
     before: dict[str, tuple[int, int]]
     after: dict[str, tuple[int, int]]
+
+    def setup_free_size(self) -> int:
+        """Bytes of the input as prepared (0 where a setup made it unreadable or a link)."""
+        try:
+            return _input_bytes(self.target)
+        except OSError:
+            return 0
 
 
 def _listing(folder: Path) -> dict[str, tuple[int, int]]:
@@ -258,6 +268,23 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[tuple[str, s
                 path.chmod(0o755)
 
 
+SMALL_INPUT_BYTES = 64 << 10
+"""Inputs up to this size (a file, or a folder's files) must stay within the small budgets below."""
+SMALL_CPU_SECONDS = 1.0
+"""CPU time (user + system) a run on a small input may take: a 64 KB file is never an hour's work.
+CPU time rather than wall time, so that a loaded CI machine does not make the bound flaky."""
+SMALL_MAX_RSS_KIB = 256 << 10
+"""Peak resident memory of a run on a small input (256 MiB, interpreter and imports included)."""
+
+
+def _input_bytes(target: Path) -> int:
+    if target.is_symlink() or not target.exists():
+        return 0
+    if target.is_file():
+        return target.stat().st_size
+    return sum(p.stat().st_size for p in target.rglob("*") if p.is_file() and not p.is_symlink())
+
+
 NO_PERMISSIONS = "running as root without CAP_SETPCAP: chmod 000 cannot stop this root's reads"
 MAX_RSS_KIB = 1 << 20
 """Peak resident memory a run may reach (1 GiB; a clean run of a small file needs about 150 MiB)."""
@@ -303,6 +330,9 @@ def test_hostile_input_is_refused_in_one_line(
     assert outcome.returncode is not None, f"{command} did not finish in {TIMEOUT} s (a hang)"
     assert outcome.seconds < TIME_BUDGET, f"{command} took {outcome.seconds:.1f} s"
     assert outcome.max_rss_kib < MAX_RSS_KIB, f"{command} peaked at {outcome.max_rss_kib >> 10} MiB"
+    if run.setup_free_size() <= SMALL_INPUT_BYTES:
+        assert outcome.cpu_seconds < SMALL_CPU_SECONDS, f"{command} used {outcome.cpu_seconds:.2f} s of CPU"
+        assert outcome.max_rss_kib < SMALL_MAX_RSS_KIB, f"{command} peaked at {outcome.max_rss_kib >> 10} MiB"
     if case.exit_code == 0:  # valid but expensive: it only has to finish, quietly
         allowed = {0} if command == "inspect" else {0, 1}
         assert outcome.returncode in allowed and "Traceback" not in outcome.stderr, outcome.stderr

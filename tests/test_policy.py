@@ -186,3 +186,41 @@ def test_path_entry_mistakes_are_usage_errors(text: str, tmp_path: Path) -> None
     policy.write_text(text)
     with pytest.raises(UsageError):
         load_policy(str(policy))
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"x = " + b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b"min-size = " + b"9" * 5000, "an integer has more than 4300 digits"),
+        (b'fail-on = "\xff"', "not UTF-8 text (byte 0xff at offset 11)"),
+        (b"fail-on = []", "severity must be error, warning or note, not []"),
+        (b"ignore = [[1]]", "ignore must be a list of rule ids"),
+        (b"relations = [[1]]", "relations must be a subset of"),
+        (b"[severity]\nTIE001 = []", "severity must be error, warning or note, not []"),
+        (b"min-size = 18446744073709551616", "min-size must be a byte count (0 to 2**63-1)"),
+        (b"[tool]\nx = 1", "unknown policy keys ['tool']"),
+        (b"x = " + b"[" * 9 + b"]" * 9, "nest deeper than 8 levels"),
+    ],
+)
+def test_hostile_policies_are_one_usage_line(content: bytes, message: str, tmp_path: Path) -> None:
+    policy = tmp_path / "tieaudit.toml"
+    policy.write_bytes(content)
+    with pytest.raises(UsageError) as raised:
+        load_policy(str(policy))
+    assert message in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_policy_value_is_shortened_in_the_message(tmp_path: Path) -> None:
+    policy = tmp_path / "tieaudit.toml"
+    policy.write_text('fail-on = "' + "x" * 100_000 + '"')
+    with pytest.raises(UsageError, match="severity must be error, warning or note") as raised:
+        load_policy(str(policy))
+    assert len(str(raised.value)) < 200
+
+
+def test_pyproject_tool_that_is_not_a_table_is_a_usage_error(tmp_path: Path) -> None:
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text('tool = "x"\n')
+    with pytest.raises(UsageError, match=r"no \[tool.tieaudit\] table"):
+        load_policy(str(pyproject))

@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -278,3 +279,122 @@ def test_short_writes_are_completed(
     monkeypatch.setattr(os, "copy_file_range", no_copy_file_range)
     assert main(["retie", str(source), str(out)]) == 0, capsys.readouterr().err
     _assert_complete(out, expected)
+
+
+# --- SIGTERM and SIGINT ------------------------------------------------------------------------
+
+SLOWED = textwrap.dedent(
+    """
+    import shutil, sys, time
+    import tieaudit.repair.st_stream as st
+    import tieaudit.repair.verify as verify
+    from tieaudit.cli import main
+
+    moment, told = sys.argv[1], []
+    real_write, real_problem = st.write_tensor, verify._problem
+
+    def tell(now):
+        if now == moment and not told:
+            told.append(now)
+            print(now, flush=True)
+        if now == moment:
+            time.sleep(0.3)  # each tensor takes a while: the signal lands in the middle
+
+    def slow_write(fd, offset, ckpt, tensor):
+        tell("writing")
+        return real_write(fd, offset, ckpt, tensor)
+
+    def slow_problem(*args):
+        tell("verifying")
+        return real_problem(*args)
+
+    real_rmtree = shutil.rmtree
+
+    def slow_rmtree(*args, **kwargs):
+        time.sleep(0.3)  # a big stage on a slow disk: removing it takes a while
+        return real_rmtree(*args, **kwargs)
+
+    st.write_tensor, verify._problem, shutil.rmtree = slow_write, slow_problem, slow_rmtree
+    sys.exit(main(["retie", sys.argv[2], sys.argv[3]]))
+    """
+)
+
+
+def _signal(child: subprocess.Popen[str], how: str) -> None:
+    """SIGTERM once; or SIGINT, sent again every few milliseconds until the process ends (Ctrl-C
+    pressed again while the first one is handled: cleanup must not be cut short by it)."""
+    number = signal.SIGTERM if how == "SIGTERM" else signal.SIGINT
+    child.send_signal(number)
+    while how == "SIGINT-repeated" and child.poll() is None:
+        time.sleep(0.002)
+        child.send_signal(number)
+    child.wait(timeout=60)
+
+
+def _assert_interrupted(child: subprocess.Popen[str], how: str, folder: Path, source_hash: str) -> None:
+    stderr = child.stderr.read() if child.stderr else ""
+    if how == "SIGTERM":
+        assert child.returncode == -signal.SIGTERM, stderr  # ends as SIGTERM ends a process
+    else:
+        assert child.returncode in (2, -signal.SIGINT), stderr  # "aborted", or KeyboardInterrupt; no crash
+    assert os.listdir(folder) == ["in.safetensors"]  # no stage, no OUT
+    assert _sha256(folder / "in.safetensors") == source_hash
+
+
+@pytest.mark.parametrize("moment", ["writing", "verifying"])
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT-repeated"])
+def test_signals_remove_the_stage(how: str, moment: str, tmp_path: Path) -> None:
+    """A real retie in a child process, slowed down so that the signal lands while it writes (or
+    verifies) the staged output, and so that removing the stage takes a while: a repeated SIGINT
+    must not cut the removal short."""
+    source, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    _clone_checkpoint(source, rows=2048)
+    before = _sha256(source)
+    child = subprocess.Popen(
+        [sys.executable, "-c", SLOWED, moment, str(source), str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == moment
+        assert [e for e in os.listdir(tmp_path) if ".tieaudit-stage-" in e]  # the stage exists now
+        _signal(child, how)
+    finally:
+        child.kill()
+        child.wait()
+    _assert_interrupted(child, how, tmp_path, before)
+
+
+def test_sigterm_during_real_verification_removes_the_stage(tmp_path: Path) -> None:
+    """No seam: SIGTERM lands as soon as the child has mapped its staged output, i.e. while two
+    threads compare it with the input. Handling it must not unmap what they still read (a
+    segfault), nor leave the stage."""
+    how = "SIGTERM"
+    if not os.path.exists("/proc/self/maps"):
+        pytest.skip("needs /proc/PID/maps to see when verification starts")
+    source, out = tmp_path / "in.safetensors", tmp_path / "out.safetensors"
+    _clone_checkpoint(source, rows=16384, cols=1024)  # 2 x 64 MiB: verification takes a while
+    before = _sha256(source)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tieaudit.cli", "retie", str(source), str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        while child.poll() is None:
+            try:
+                maps = Path(f"/proc/{child.pid}/maps").read_text()
+            except OSError:
+                maps = ""
+            if ".tieaudit-stage-" in maps:
+                break
+            time.sleep(0.0005)
+        assert child.poll() is None, "the run ended before its verification was seen"
+        _signal(child, how)
+    finally:
+        child.kill()
+        child.wait()
+    _assert_interrupted(child, how, tmp_path, before)

@@ -152,3 +152,19 @@ def test_paths_outside_the_current_folder_are_absolute_uris(
     (run,) = sarif([str(corpus.path("st_cloned_head"))], tmp_path, 1)["runs"]
     artifact = run["results"][0]["locations"][0]["physicalLocation"]["artifactLocation"]
     assert artifact == {"uri": corpus.path("st_cloned_head").resolve().as_uri()}
+
+
+@pytest.mark.parametrize(
+    ("path", "uri"),
+    [
+        ("m\udcff\n.pt", "m%FF%0A.pt"),  # a file name byte that is not UTF-8: percent-encoded as is
+        ("\ud800.safetensors", "%ED%A0%80.safetensors"),  # a lone surrogate from a JSON index name
+        ("a b/é#.pt", "a%20b/%C3%A9%23.pt"),
+    ],
+)
+def test_artifact_uris_encode_any_file_name(path: str, uri: str, tmp_path: Path) -> None:
+    from tieaudit.report.sarif import artifact_location
+
+    assert artifact_location(str(tmp_path / path), str(tmp_path)) == {"uri": uri, "uriBaseId": "%SRCROOT%"}
+    outside = artifact_location(str(tmp_path / path), str(tmp_path / "elsewhere"))
+    assert outside == {"uri": f"{tmp_path.as_uri()}/{uri}"}

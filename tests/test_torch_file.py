@@ -149,16 +149,13 @@ def test_real_checkpoints_match_torch_load(tmp_path: Path, builder: str, legacy:
         assert ckpt.format == "torch" and ckpt.files == ("ckpt.pt",)
 
 
-def test_legacy_untyped_storages_read_although_torch_cannot(tmp_path: Path) -> None:
+def test_legacy_untyped_storages_are_refused_as_torch_cannot_load_them(tmp_path: Path) -> None:
     saved = {name: tensor for name, tensor in dtypes_checkpoint().items() if name in UNTYPED_DTYPES}
     path = tmp_path / "legacy.pt"
     torch.save(saved, path, _use_new_zipfile_serialization=False)
     with pytest.raises(AttributeError):
         torch.load(path, weights_only=True)
-    ckpt = TorchReader().read(str(path))
-    assert ckpt.tensor("f8").storage_id == ckpt.tensor("f8_view").storage_id
-    for name, tensor in saved.items():
-        assert np.ascontiguousarray(ckpt.array(ckpt.tensor(name))).tobytes() == logical_bytes(tensor)
+    assert "untyped storage in a legacy stream" in str(read_error(path))
 
 
 def test_tied_names_share_a_storage_and_untied_do_not(tmp_path: Path) -> None:
@@ -197,7 +194,7 @@ def test_odd_leaves_are_skipped_with_a_reason(tmp_path: Path) -> None:
     leaves = {
         "x": x, "p": param, "conj": torch.randn(2, dtype=torch.complex64).conj(),
         "size": torch.Size([2, 3]), "device": torch.device("cpu"), "dtype": torch.bfloat16,
-        "bytes": b"ab", "set": {1, 2}, "complex": 1 + 2j, "np": np.float64(1.5),
+        "bytes": b"ab", "set": {1, 2}, "complex": 1 + 2j,
         "meta": torch.empty(2, device="meta"), "e8m0": torch.ones(2).to(torch.float8_e8m0fnu),
     }  # fmt: skip
     torch.save(leaves, tmp_path / "odd.pt")
@@ -205,11 +202,21 @@ def test_odd_leaves_are_skipped_with_a_reason(tmp_path: Path) -> None:
     assert ckpt.names == {"x", "p"}
     reasons = {s.name: s.reason for s in ckpt.skipped}
     assert reasons["size"] == "torch.Size leaf" and reasons["device"] == "torch.device leaf"
-    assert reasons["dtype"] == "torch.dtype leaf" and reasons["np"] == "numpy scalar leaf"
+    assert reasons["dtype"] == "torch.dtype leaf" and reasons["complex"] == "complex leaf"
     assert reasons["bytes"] == "bytes leaf" and reasons["set"] == "set leaf"
     assert reasons["meta"] == "meta tensor leaf"
     assert "conj" in reasons["conj"]
     assert reasons["e8m0"] == "tensor of dtype float8_e8m0fnu, which tieaudit cannot view"
+
+
+def test_numpy_scalars_are_refused_by_name_as_torch_refuses_them(tmp_path: Path) -> None:
+    # torch.load(weights_only=True) refuses numpy globals unless a user allowlists them; tieaudit
+    # reads no more than torch does.
+    torch.save({"w": torch.ones(2), "np": np.float64(1.5)}, tmp_path / "np.pt")
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(tmp_path / "np.pt", weights_only=True)
+    with pytest.raises(UnsafeInputError, match=r"numpy\._core\.multiarray\.scalar"):
+        TorchReader().read(str(tmp_path / "np.pt"))
 
 
 def test_sniff_by_content(tmp_path: Path) -> None:
@@ -317,19 +324,27 @@ class FakeTensor:
 
 
 class FakePickler(pickle.Pickler):
+    legacy = False
+    """Legacy streams' storage ids carry a sixth field (a view, None)."""
+
     def persistent_id(self, obj: Any) -> Any:
         if isinstance(obj, FakeStorage):
-            return ("storage", obj.storage_type, obj.key, "cpu", obj.numel)
+            return ("storage", obj.storage_type, obj.key, "cpu", obj.numel, *([None] if self.legacy else []))
         return None
 
 
-def fake_pickle(root: object) -> bytes:
+def fake_pickle(root: object, legacy: bool = False) -> bytes:
     buffer = io.BytesIO()
-    FakePickler(buffer, protocol=2).dump(root)
+    pickler = FakePickler(buffer, protocol=2)
+    pickler.legacy = legacy
+    pickler.dump(root)
     return buffer.getvalue()
 
 
 def write_zip(path: Path, members: dict[str, bytes], compression: int = zipfile.ZIP_STORED) -> Path:
+    """A zip of members; torch requires a version record, added unless members name one."""
+    if not any(name.endswith("version") for name in members):
+        members = {**members, "archive/version": b"3\n"}
     with warnings.catch_warnings(), zipfile.ZipFile(path, "w", compression) as archive:
         warnings.simplefilter("ignore")  # zipfile warns about the duplicate names some tests write
         for name, data in members.items():
@@ -411,7 +426,7 @@ def test_zip_structure_errors(tmp_path: Path) -> None:
     short = fake_zip(tmp_path / "short.pt", root, {"0": bytes(20)})
     assert "holds 20 bytes, its storage needs 24" in str(read_error(short))
     no_pickle = write_zip(tmp_path / "nopkl.pt", {"archive/data/0": bytes(24)})
-    assert "found 0" in str(read_error(no_pickle))
+    assert "has no archive/data.pkl record" in str(read_error(no_pickle))
     pickle_bytes = fake_pickle(root)
     twice = write_zip(
         tmp_path / "dup.pt", {"archive/data.pkl": pickle_bytes, "archive/data.pkl#2": pickle_bytes}
@@ -465,7 +480,7 @@ def test_legacy_sizes_past_the_end_are_input_errors(tmp_path: Path) -> None:
         pickle.dumps(0x1950A86A20F9469CFC6C, protocol=2)
         + pickle.dumps(1001, protocol=2)
         + pickle.dumps({"protocol_version": 1001, "little_endian": True}, protocol=2)
-        + fake_pickle({"w": FakeTensor(storage, 0, (10**12,), (1,))})
+        + fake_pickle({"w": FakeTensor(storage, 0, (10**12,), (1,))}, legacy=True)
         + pickle.dumps(["k"], protocol=2)
         + (10**12).to_bytes(8, "little")
         + bytes(64)
@@ -521,3 +536,31 @@ def test_pickle_member_in_lzma_or_bzip2_is_refused_before_decompressing(tmp_path
         members = {name: archive.read(name) for name in archive.namelist()}
     path = write_zip(tmp_path / "packed.pt", members, method)
     assert f"compression method {method}" in str(read_error(path))
+
+
+# ---------------------------------------------------------------- many non-tensor leaves
+
+
+def test_non_tensor_leaves_beyond_the_kept_ones_are_counted(tmp_path: Path) -> None:
+    """A state dict with 30,000 integer leaves: the first MAX_KEPT_SKIPPED are kept by name, the
+    rest counted, and the reports say how many there were in all."""
+    import json
+
+    from tieaudit.model import MAX_KEPT_SKIPPED
+
+    path = tmp_path / "steps.pt"
+    torch.save({"w": torch.zeros(4, 4), "steps": list(range(30_000))}, path)
+    with TorchReader().read(str(path)) as ckpt:
+        assert [t.name for t in ckpt.tensors] == ["w"]
+        assert len(ckpt.skipped) == MAX_KEPT_SKIPPED and ckpt.skipped_total == 30_000
+        assert ckpt.skipped[-1].name == f"steps.{MAX_KEPT_SKIPPED - 1}"
+    run = subprocess.run(
+        [sys.executable, "-m", "tieaudit", "inspect", str(path), "--format", "json"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    report = json.loads(run.stdout)
+    assert len(report["skipped"]) == MAX_KEPT_SKIPPED and report["skipped_total"] == 30_000
+    text = subprocess.run(
+        [sys.executable, "-m", "tieaudit", "inspect", str(path)], capture_output=True, text=True, check=True
+    )
+    assert "30000 non-tensor entries skipped" in text.stdout

@@ -1,24 +1,66 @@
-"""Atomic writes: temp file in the destination folder, fsync, rename. Never a partial file."""
+"""Writing reports: atomically to regular files, directly to devices and pipes.
+
+A regular file is replaced whole (temp file in the same folder, fsync, rename), with the mode a
+plain ``open`` would give it: an existing file keeps its mode, a new one gets 0666 minus the umask.
+A path that exists and is not a regular file (``/dev/null``, ``/dev/stdout``, a FIFO, a terminal)
+is opened and written in place: replacing it would turn a device into a file.
+"""
 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 
-from tieaudit.errors import InputError, OutputError
+from tieaudit.errors import OutputError
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # the only portable way to read it; restored at once (single-threaded here)
+    os.umask(mask)
+    return mask
+
+
+def _special(path: str) -> bool:
+    """True when path exists (after links) and is not a regular file."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise OutputError(f"cannot write: {exc.strerror or exc}", path) from exc
+    if stat.S_ISDIR(mode):
+        raise OutputError("is a folder; name a file to write the report to", path)
+    return not stat.S_ISREG(mode)
+
+
+def _write_special(path: str, text: str) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as handle:  # no O_CREAT surprise: it exists
+            handle.write(text)
+    except OSError as exc:
+        raise OutputError(f"cannot write: {exc.strerror or exc}", path) from exc
 
 
 def write_text_atomic(path: str, text: str) -> None:
-    """Write text to path so that readers see the old file or the whole new one."""
+    """Write text to path: readers of a regular file see the old file or the whole new one."""
+    if _special(path):
+        _write_special(path, text)
+        return
     folder = os.path.dirname(os.path.abspath(path))
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        mode = 0o666 & ~_umask()
     try:
         fd, tmp = tempfile.mkstemp(prefix=".tieaudit-", suffix=".tmp", dir=folder)
     except OSError as exc:
-        raise InputError(f"cannot write here: {exc.strerror or exc}", path) from exc
+        raise OutputError(f"cannot write here: {exc.strerror or exc}", path) from exc
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
+            os.fchmod(handle.fileno(), mode)
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException as exc:

@@ -2,7 +2,10 @@
 
 A finding's fingerprint is the sha256 of the compact JSON array ``[path, rule, sorted names]``,
 path relative to the baseline file's folder with / separators: it survives moving the checkout
-and changes when the finding moves to another checkpoint, rule or set of tensors.
+and changes when the finding moves to another checkpoint, rule or set of tensors. A file name that
+is not UTF-8 (its bytes decoded with surrogate escapes) or a tensor name holding a lone surrogate
+is hashed with the surrogates encoded as they are (``surrogatepass``), and written to the file as
+``\udcff`` JSON escapes: every finding has a fingerprint and the file stays valid UTF-8.
 """
 
 from __future__ import annotations
@@ -10,18 +13,25 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tieaudit import __version__
-from tieaudit.discover import posix_relative
+from tieaudit.core.globs import posix_relative
+from tieaudit.core.limits import NotRegularFile, TooLarge, nesting_depth_exceeds, parse_failure, read_limited
 from tieaudit.errors import UsageError
 
 if TYPE_CHECKING:
     from tieaudit.audit import Audit
 
 SCHEMA = "tieaudit.baseline/1"
+MAX_BASELINE_BYTES = 256 << 20
+"""Largest baseline file read: about a million accepted findings at ~250 bytes each."""
+MAX_BASELINE_DEPTH = 8
+"""Deepest nesting read: a baseline nests 4 levels (document, findings, finding, names); room to grow."""
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -54,7 +64,7 @@ class Entry:
     def fingerprint(self) -> str:
         """sha256 of the entry (see the module docstring)."""
         text = json.dumps([self.path, self.rule, list(self.names)], separators=(",", ":"), ensure_ascii=False)
-        return hashlib.sha256(text.encode("utf-8")).hexdigest()
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def entry(path: str, rule: str, names: Sequence[str], root: str) -> Entry:
@@ -67,15 +77,28 @@ def fingerprint(path: str, rule: str, names: Sequence[str], root: str) -> str:
     return entry(path, rule, names, root).fingerprint
 
 
-def load_baseline(path: str) -> Baseline:
-    """Read a baseline file; anything malformed is a usage error."""
+def _parse(path: str) -> Any:
+    """The JSON document at path: size checked before reading, any parse failure one usage error."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            document: Any = json.load(handle)
+        data = read_limited(path, MAX_BASELINE_BYTES, os.path.basename(path))
     except FileNotFoundError as exc:
         raise UsageError("baseline file not found (create it with --write-baseline)", path) from exc
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UsageError(f"cannot read baseline: {exc}", path) from exc
+    except TooLarge as exc:
+        raise UsageError(f"cannot read baseline: {exc} (MAX_BASELINE_BYTES)", path) from exc
+    except (NotRegularFile, OSError) as exc:
+        raise UsageError(f"cannot read baseline: {exc.strerror or exc}", path) from exc
+    try:
+        document = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # syntax, bad UTF-8, digits, nesting
+        raise UsageError(f"cannot read baseline: {parse_failure(exc)}", path) from exc
+    if nesting_depth_exceeds(document, MAX_BASELINE_DEPTH):
+        raise UsageError(f"not a tieaudit baseline: nested deeper than {MAX_BASELINE_DEPTH} levels", path)
+    return document
+
+
+def load_baseline(path: str) -> Baseline:
+    """Read a baseline file; anything malformed is a usage error."""
+    document = _parse(path)
     if not isinstance(document, dict) or document.get("schema") != SCHEMA:
         raise UsageError(f"not a tieaudit baseline (expected schema {SCHEMA!r})", path)
     findings = document.get("findings")
@@ -97,7 +120,9 @@ def baseline_text(entries: Iterable[Entry]) -> str:
             for e in unique
         ],
     }
-    return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+    text = json.dumps(document, indent=2, ensure_ascii=False)
+    # a lone surrogate cannot be written as UTF-8: it becomes the JSON escape json.loads reads back
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text) + "\n"
 
 
 def write_baseline(path: str, audits: Iterable[Audit]) -> int:

@@ -7,7 +7,16 @@ import sys
 import click
 
 from tieaudit import __version__
-from tieaudit.cli_common import EXIT_CLEAN, EXIT_ERROR, output_options, user_errors, write_output
+from tieaudit.cli_common import (
+    EXIT_CLEAN,
+    EXIT_ERROR,
+    echo_error,
+    echo_note,
+    output_options,
+    to_terminal,
+    user_errors,
+    write_output,
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -46,7 +55,7 @@ def inspect(path: str, fmt: str, output: str | None) -> None:
     from tieaudit.report import render
 
     audit = audit_path(path)
-    write_output(render(audit, fmt, color=output is None and sys.stdout.isatty()), output)
+    write_output(render(audit, fmt, color=to_terminal(output)), output)
 
 
 @cli.command()
@@ -107,7 +116,8 @@ def inspect(path: str, fmt: str, output: str | None) -> None:
     "--runtime",
     is_flag=True,
     help="For ONNX models, also run ONNX Runtime's optimizer (default session options) and report "
-    "initializers it duplicates (TIE005). Needs the runtime extra.",
+    "initializers it duplicates (TIE005). Needs the runtime extra. ONNX Runtime runs under a memory "
+    "limit derived from the model's size; TIEAUDIT_RUNTIME_MEMORY_LIMIT=SIZE (4GiB, 512MB) sets it.",
 )
 @click.option("--exit-zero", is_flag=True, help="Always exit 0 unless the audit itself failed.")
 @output_options(("text", "json", "sarif"))
@@ -171,15 +181,15 @@ def check(
     root = fingerprint_root(baseline, write_baseline_path)
     result = run_check(paths, policy, exclude, jobs or default_jobs(), baseline, root, sys.stderr.isatty())
     if result.checked:  # no report at all when every path was bad input: nothing is written
-        write_output(render_check(result, fmt, color=output is None and sys.stdout.isatty()), output)
+        write_output(render_check(result, fmt, color=to_terminal(output)), output)
     for error in result.errors:
-        click.echo(f"tieaudit: error: {error.path}: {error.message}", err=True)
+        echo_error(f"{error.path}: {error.message}")
     if fmt == "text" and len(result.checked) + len(result.errors) > 1:
         click.echo(check_summary_line(result), err=True)
     code = result.exit_code()
     if write_baseline_path and code != EXIT_ERROR:
         count = write_baseline(write_baseline_path, result.audits)
-        click.echo(f"tieaudit: wrote {count} findings to {write_baseline_path}", err=True)
+        echo_note(f"wrote {count} findings to {write_baseline_path}")
         code = EXIT_CLEAN
     if exit_zero and code == EXIT_FINDINGS:
         code = EXIT_CLEAN
@@ -268,6 +278,8 @@ def retie(
     if out is None and not dry_run:
         raise click.UsageError("OUT is required (only --dry-run may leave it out)")
     result = run_retie(source, out or source, _relations(relations), keep, dry_run, in_place, min_size)
+    for note in result.notes:
+        click.echo(f"tieaudit: note: {note}", err=True)
     click.echo(render_plan(result), nl=False, err=not dry_run)
     if dry_run:
         return
@@ -284,8 +296,19 @@ def _register_onnx_commands() -> None:
 _register_onnx_commands()
 
 
+def _quiet_warnings(argv: list[str] | None) -> None:
+    """No Python warnings on stderr (a CI log reads one line per problem) unless debugging."""
+    import os
+    import warnings
+
+    args = sys.argv[1:] if argv is None else argv
+    if "--debug" not in args and not os.environ.get("TIEAUDIT_DEBUG"):
+        warnings.simplefilter("ignore")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point."""
+    _quiet_warnings(argv)
     try:
         # standalone_mode=False: click returns an Exit's code instead of calling sys.exit.
         code = cli.main(args=argv, prog_name="tieaudit", standalone_mode=False)
@@ -294,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.exit_code)
     except click.UsageError as exc:
         hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
-        click.echo(f"tieaudit: error: {exc.format_message()}{hint}", err=True)
+        echo_error(f"{exc.format_message()}{hint}")
         return EXIT_ERROR
     except click.ClickException as exc:
         exc.show()

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
+from tieaudit.core.escape import printable
 from tieaudit.errors import TieauditError
 
 EXIT_CLEAN = 0
@@ -24,7 +25,17 @@ class CliError(click.ClickException):
     exit_code = EXIT_ERROR
 
     def show(self, file: Any = None) -> None:
-        click.echo(f"tieaudit: error: {self.format_message()}", err=True)
+        echo_error(self.format_message())
+
+
+def echo_error(message: str) -> None:
+    """``tieaudit: error: <message>`` on stderr, as one line whatever names the message holds."""
+    click.echo(f"tieaudit: error: {printable(message)}", err=True)
+
+
+def echo_note(message: str) -> None:
+    """``tieaudit: <message>`` on stderr (summaries, progress), escaped like errors."""
+    click.echo(f"tieaudit: {printable(message)}", err=True)
 
 
 def user_errors(command: F) -> F:
@@ -43,9 +54,20 @@ def user_errors(command: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+STDOUT = "-"
+"""``-o -``: the report goes to stdout, as without -o."""
+
+
+def to_terminal(output: str | None) -> bool:
+    """Whether the report goes to a terminal (so colour and width may follow it)."""
+    import sys
+
+    return output in (None, STDOUT) and sys.stdout.isatty()
+
+
 def write_output(text: str, output: str | None) -> None:
-    """Write the report to --output (atomically) or stdout."""
-    if output is None:
+    """Write the report to --output (a file atomically, a device or FIFO directly) or stdout."""
+    if output is None or output == STDOUT:
         click.echo(text, nl=False)
         return
     from tieaudit.atomic import write_text_atomic
@@ -62,7 +84,8 @@ def output_options(formats: tuple[str, ...]) -> Callable[[F], F]:
             "-o",
             type=click.Path(dir_okay=False),
             default=None,
-            help="Write the report to this file instead of stdout.",
+            help="Write the report to this file instead of stdout ('-': stdout). A device or FIFO "
+            "(/dev/null, a pipe) is written to directly; a file is replaced atomically.",
         )(command)
         return click.option(
             "--format",

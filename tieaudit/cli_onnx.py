@@ -11,9 +11,26 @@ from typing import Any, TypeVar
 
 import click
 
-from tieaudit.cli_common import EXIT_FINDINGS, output_options, user_errors, write_output
+from tieaudit.cli_common import EXIT_FINDINGS, echo_error, output_options, user_errors, write_output
+from tieaudit.units import parse_size
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class SizeParam(click.ParamType[int]):
+    """A size in bytes, written 4GiB, 512MB or 1048576 (tieaudit.units.parse_size)."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        """The size in bytes; a click usage error (one line, exit 2) when value is not a size."""
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
 
 _CONFIG_NAMES = (
     "default",
@@ -86,10 +103,13 @@ def dim_option(help_text: str) -> Callable[[F], F]:
 )
 @click.option(
     "--memory-limit",
-    type=click.IntRange(min=1),
+    type=SizeParam(),
     default=None,
-    metavar="MIB",
-    help="Address-space limit of each probe process in MiB (an allocation past it fails that configuration).",
+    metavar="SIZE",
+    envvar="TIEAUDIT_RUNTIME_MEMORY_LIMIT",
+    show_envvar=True,
+    help="Memory each probe may use (4GiB, 512MB, bytes); an allocation past it fails that configuration. "
+    "[default: 512 MiB + 16 MiB per CPU + 8x the model's bytes]",
 )
 @click.option(
     "--fail-on",
@@ -137,9 +157,14 @@ def runtime(
     Python lines that create it. With external data ORT memory-maps the weights (RssFile), so
     RSS under-reports them: RssAnon is measured, and the report says so.
 
+    Each probe runs under --memory-limit (its writable memory, RLIMIT_DATA), and the synthetic
+    inputs are built only up to 256 MiB each and 1 GiB together (symbolic sizes from --dim), so
+    a model that asks for gigabytes fails in one line instead of exhausting the machine.
+
     Findings are the copies under default (or, when --config leaves default out, under the
     configurations given). Exit codes: 0 none at or above --fail-on; 1 findings; 2 a
-    configuration crashed, timed out or failed, or the model is unreadable.
+    configuration crashed, timed out, failed or exceeded the memory limit, an input is over
+    the size limit, or the model is unreadable.
 
     \b
     Examples:
@@ -149,20 +174,21 @@ def runtime(
     """
     from tieaudit.report.runtime_report import render_runtime_json, render_runtime_text
     from tieaudit.runtime import measure_runtime
+    from tieaudit.runtime_memory import checked_memory_limit
 
     report = measure_runtime(
         model,
-        list(configs) or None,
-        _dims(dims),
-        runs,
-        timeout,
-        fold_limit,
-        embed_weights,
-        memory_limit << 20 if memory_limit else None,
+        configs=list(configs) or None,
+        dims=_dims(dims),
+        runs=runs,
+        timeout=timeout,
+        fold_limit=fold_limit,
+        embed_weights=embed_weights,
+        memory_limit=None if memory_limit is None else checked_memory_limit(memory_limit, "--memory-limit"),
     )
     write_output(render_runtime_json(report) if fmt == "json" else render_runtime_text(report), output)
     for result in report.errors:
-        click.echo(f"tieaudit: error: {model}: config {result.config.name}: {result.error}", err=True)
+        echo_error(f"{model}: config {result.config.name}: {result.error}")
     code = report.exit_code(fail_on)  # type: ignore[arg-type]
     if exit_zero and code == EXIT_FINDINGS:
         code = 0

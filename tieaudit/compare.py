@@ -132,7 +132,8 @@ def cast_bytes(ckpt: Checkpoint, wide: TensorInfo, narrow: TensorInfo, comparer:
     target = to_numpy(narrow.dtype)
     rows = _rows_per_block(wide)
     pairs = zip(iter_blocks(ckpt, wide, rows), iter_blocks(ckpt, narrow, rows), strict=True)
-    return all(comparer.same(a.astype(target), b) for (_, a), (_, b) in pairs)
+    with np.errstate(all="ignore"):  # a value out of the narrow type's range casts to inf: not equal
+        return all(comparer.same(a.astype(target), b) for (_, a), (_, b) in pairs)
 
 
 def full_hash(ckpt: Checkpoint, tensor: TensorInfo) -> bytes:
@@ -188,10 +189,11 @@ def difference(ckpt: Checkpoint, first: TensorInfo, second: TensorInfo) -> tuple
     for (_, left), (_, right) in zip(
         iter_blocks(ckpt, first, rows), iter_blocks(ckpt, second, rows), strict=True
     ):
-        a = left.astype(np.float64)
-        b = right.astype(np.float64)
-        with np.errstate(invalid="ignore"):
-            delta = np.abs(a - b)
+        # complex128 holds every dtype's values (a complex tensor's too, without ComplexWarning);
+        # overflow and inf - inf are part of the answer, not warnings.
+        wide = np.complex128 if np.iscomplexobj(left) else np.float64
+        with np.errstate(all="ignore"):
+            delta = np.abs(left.astype(wide) - right.astype(wide))
         if delta.size:
             worst = max(worst, float(np.nanmax(delta)) if not np.isnan(delta).all() else worst)
         same = np.ascontiguousarray(left).view(np.uint8).reshape(left.size, -1) == np.ascontiguousarray(

@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
+
 from tieaudit.compare import (
     BlockComparer,
     cast_bytes,
@@ -75,11 +77,14 @@ EMBEDDING_HINTS = (
 )
 
 
-def keep_rank(tensor: TensorInfo, order: int, lookup_names: frozenset[str]) -> tuple[int, int, int]:
-    """Sort key for the tensor a repair keeps: widest dtype (a cast cannot be undone), then a
-    lookup table (ONNX Gather input, or an embedding-like name), then stored order."""
+def keep_rank(
+    tensor: TensorInfo, order: int, lookup_names: frozenset[str], sources: frozenset[str] = frozenset()
+) -> tuple[int, int, int, int]:
+    """Sort key for the tensor a repair keeps: widest dtype (a cast cannot be undone), then the
+    source of a declared tie (the name the model class loads: ``shared``, ``embed_in``, ``wte``),
+    then a lookup table (ONNX Gather input, or an embedding-like name), then stored order."""
     embedding_like = tensor.name in lookup_names or any(h in tensor.name for h in EMBEDDING_HINTS)
-    return (-itemsize(tensor.dtype), 0 if embedding_like else 1, order)
+    return (-itemsize(tensor.dtype), 0 if tensor.name in sources else 1, 0 if embedding_like else 1, order)
 
 
 def lookup_tables(ckpt: Checkpoint) -> frozenset[str]:
@@ -134,7 +139,8 @@ class _Search:
         if key not in self.prints:
             values = sample(self.ckpt, tensor, transposed)
             if as_dtype is not None:
-                values = values.astype(to_numpy(as_dtype))
+                with np.errstate(all="ignore"):  # overflow to inf is an answer here, not a warning
+                    values = values.astype(to_numpy(as_dtype))
             self.prints[key] = values.tobytes()
         return self.prints[key]
 
@@ -208,7 +214,7 @@ class _Search:
                 if self.not_constant(narrow) and cast_bytes(self.ckpt, wide, narrow, self.comparer):
                     self.record(wide, narrow, "cast")
 
-    def groups(self, lookup_names: frozenset[str]) -> list[CopyGroup]:
+    def groups(self, lookup_names: frozenset[str], sources: frozenset[str]) -> list[CopyGroup]:
         order = {t.name: i for i, t in enumerate(self.ckpt.tensors)}
         adjacency: dict[str, list[tuple[TensorInfo, bool]]] = defaultdict(list)
         tensors: dict[str, TensorInfo] = {}
@@ -222,7 +228,7 @@ class _Search:
             by_root[self.find(name)].append(tensor)
         result = []
         for members in by_root.values():
-            kept = min(members, key=lambda t: keep_rank(t, order[t.name], lookup_names))
+            kept = min(members, key=lambda t: keep_rank(t, order[t.name], lookup_names, sources))
             result.append(CopyGroup(kept.name, tuple(_relate_to(kept, adjacency, order))))
         return sorted(result, key=lambda g: order[g.kept])
 
@@ -254,10 +260,12 @@ def find_copies(
     relations: Iterable[str] = ALL_RELATIONS,
     min_bytes: int = DEFAULT_MIN_BYTES,
     lookup_names: frozenset[str] = frozenset(),
+    sources: frozenset[str] = frozenset(),
 ) -> list[CopyGroup]:
     """Every group of verified copies among the checkpoint's tensors.
 
-    lookup_names: tensors used as lookup tables (ONNX Gather inputs), preferred as kept.
+    lookup_names: tensors used as lookup tables (ONNX Gather inputs), preferred as kept;
+    sources: sources of declared ties, preferred before them (see ``keep_rank``).
     """
     search = _Search(ckpt, relations)
     buckets: dict[int, list[TensorInfo]] = defaultdict(list)
@@ -272,4 +280,4 @@ def find_copies(
             search.transposed(bucket)
         if "cast" in search.relations:
             search.cast(bucket)
-    return search.groups(lookup_names)
+    return search.groups(lookup_names, sources)

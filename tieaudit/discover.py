@@ -1,22 +1,30 @@
 """Which checkpoints a `check` run audits: files and model folders under the paths given.
 
 A path given on the command line is always audited as it is. A folder is one checkpoint when it is
-a Hugging Face model folder (its shards are never listed alone); any other folder is walked.
+a Hugging Face model folder (its shards are never listed alone); any other folder is walked. A
+walk never follows a link to a folder, follows a link to a file only when the file lies inside the
+folder given, and turns every entry it cannot read into one error for that entry (a link loop, a
+link target too long, no permission): the other paths are still audited.
 """
 
 from __future__ import annotations
 
-import functools
 import os
-import re
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+
+from tieaudit.core.globs import compile_glob, glob_matches, posix_relative
+from tieaudit.errors import UsageError
+
+__all__ = ["Discovery", "PathError", "Target", "discover", "glob_matches", "posix_relative"]
 
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".onnx")
 MODEL_MARKERS = ("config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json")
 """A folder holding one of these next to weights is one Hugging Face model."""
 STAGE_MARK = ".tieaudit-stage-"
 """retie's temporary outputs (hidden too; named here so a rename never lets one through)."""
+LINK_OUTSIDE = "is a link to a file outside the folder searched; name it on the command line to audit it"
 
 
 @dataclass(frozen=True)
@@ -46,49 +54,7 @@ class Discovery:
     targets: tuple[Target, ...]
     """Checkpoints to audit, in argument order, then by name within a folder; no duplicates."""
     errors: tuple[PathError, ...]
-    """Folders that could not be listed."""
-
-
-@functools.lru_cache(maxsize=64)
-def _glob_regex(pattern: str) -> re.Pattern[str]:
-    """A glob as a regex: ``**`` spans folders, ``*`` and ``?`` stay inside one, ``[...]`` a class."""
-    parts: list[str] = []
-    i = 0
-    while i < len(pattern):
-        if pattern.startswith("**/", i):
-            parts.append("(?:.*/)?")
-            i += 3
-        elif pattern.startswith("**", i):
-            parts.append(".*")
-            i += 2
-        elif pattern[i] == "*":
-            parts.append("[^/]*")
-            i += 1
-        elif pattern[i] == "?":
-            parts.append("[^/]")
-            i += 1
-        elif pattern[i] == "[" and "]" in pattern[i + 2 :]:
-            end = pattern.index("]", i + 2)
-            body = pattern[i + 1 : end]
-            negate = body[:1] in ("!", "^")
-            members = (body[1:] if negate else body).replace("\\", "\\\\").replace("[", "\\[")
-            parts.append("[" + ("^" if negate else "") + members + "]")
-            i = end + 1
-        else:
-            parts.append(re.escape(pattern[i]))
-            i += 1
-    return re.compile("".join(parts) + r"\Z")
-
-
-def glob_matches(pattern: str, relative: str) -> bool:
-    """pattern names relative (a POSIX path) or its last component."""
-    regex = _glob_regex(pattern.replace(os.sep, "/").rstrip("/"))
-    return bool(regex.match(relative) or regex.match(relative.rsplit("/", 1)[-1]))
-
-
-def posix_relative(path: str, root: str) -> str:
-    """path relative to root, with / separators ('..' where path lies outside root)."""
-    return os.path.relpath(os.path.abspath(path), os.path.abspath(root)).replace(os.sep, "/")
+    """Folders that could not be listed, entries that could not be read or lead outside."""
 
 
 def _skipped_name(name: str) -> bool:
@@ -122,53 +88,141 @@ def is_model_folder(path: str) -> bool:
     return any(weights) or bool(names.intersection(MODEL_MARKERS[1:]))
 
 
-def _is_candidate(path: str, name: str) -> bool:
-    if not name.endswith(CHECKPOINT_SUFFIXES):
-        return False
-    return not name.endswith(".bin") or _holds_torch_data(path)
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
-def _target(root: str, path: str) -> Target:
-    """The argument itself as given; what is found under it, normalised (no ./ or //)."""
-    return Target(path, explicit=True) if path == root else Target(os.path.normpath(path), explicit=False)
+def _reason(exc: OSError) -> str:
+    return exc.strerror or type(exc).__name__
 
 
-def _folder(root: str, folder: str, exclude: tuple[str, ...], errors: list[PathError]) -> Iterator[Target]:
-    """A model folder as one target; any other folder walked. A config.json folder holding nothing
-    to audit (no weights, no ONNX export beside it) is one target too: its audit says what is missing."""
-    if is_model_folder(folder):
-        yield _target(root, folder)
-        return
-    found = list(_walk(root, folder, exclude, errors))
-    yield from found if found or "config.json" not in _names(folder) else [_target(root, folder)]
+@dataclass(frozen=True)
+class _Folder:
+    """A folder being walked: its entries still to look at, and how many targets came before it."""
+
+    path: str
+    """The folder."""
+    entries: Iterator[os.DirEntry[str]]
+    """Its entries not yet looked at, by name."""
+    found_before: int
+    """Targets found before entering it (none found inside: a config.json folder is one target)."""
 
 
-def _walk(root: str, folder: str, exclude: tuple[str, ...], errors: list[PathError]) -> Iterator[Target]:
+class _Walk:
+    """A depth-first walk of one folder argument, without recursion (a deep tree cannot exhaust
+    the stack) and without entering a folder twice (bind mounts cannot make it endless)."""
+
+    def __init__(self, root: str, exclude: tuple[str, ...], errors: list[PathError]) -> None:
+        self.root = root
+        self.real_root = os.path.realpath(root)
+        self.exclude = exclude
+        self.errors = errors
+        self.found = 0
+        self.seen: set[tuple[int, int]] = set()
+        self.stack: list[_Folder] = []
+
+    def _target(self, path: str) -> Target:
+        """The argument itself as given; what is found under it, normalised (no ./ or //)."""
+        self.found += 1
+        if path == self.root:
+            return Target(path, explicit=True)
+        return Target(os.path.normpath(path), explicit=False)
+
+    def _error(self, path: str, message: str) -> None:
+        self.errors.append(PathError(path, message))
+
+    def _enter(self, folder: str) -> None:
+        try:
+            status = os.stat(folder)
+            with os.scandir(folder) as listing:
+                entries = sorted(listing, key=lambda e: e.name)
+        except OSError as exc:
+            self._error(folder, f"cannot list folder: {_reason(exc)}")
+            return
+        if (status.st_dev, status.st_ino) in self.seen:
+            return  # the same folder again, through a bind mount
+        self.seen.add((status.st_dev, status.st_ino))
+        self.stack.append(_Folder(folder, iter(entries), self.found))
+
+    def _is_folder(self, entry: os.DirEntry[str]) -> bool | None:
+        """A folder to look into (True), a file to consider (False), or None (error recorded)."""
+        try:
+            return entry.is_dir(follow_symlinks=False)  # a link to a folder is not followed
+        except OSError as exc:
+            self._error(entry.path, f"cannot read: {_reason(exc)}")
+            return None
+
+    def _is_checkpoint(self, entry: os.DirEntry[str]) -> bool:
+        """A regular file (a link to one inside the folder searched) with a checkpoint's name."""
+        if not entry.name.endswith(CHECKPOINT_SUFFIXES):
+            return False
+        try:
+            link = entry.is_symlink()  # from the listing: known even where lstat is refused
+        except OSError:
+            link = False
+        try:
+            status = os.stat(entry.path)  # follows links: loops and over-long targets fail here
+        except OSError as exc:
+            what = "a link that cannot be followed" if link else "cannot read"
+            self._error(entry.path, f"{what}: {_reason(exc)}")
+            return False
+        if not stat.S_ISREG(status.st_mode):
+            return False  # FIFOs, devices, folders reached through links: not checkpoints
+        if link and not _inside(os.path.realpath(entry.path), self.real_root):
+            self._error(entry.path, LINK_OUTSIDE)
+            return False
+        return not entry.name.endswith(".bin") or _holds_torch_data(entry.path)
+
+    def _excluded(self, entry: os.DirEntry[str]) -> bool:
+        relative = posix_relative(entry.path, self.root)
+        return any(glob_matches(pattern, relative) for pattern in self.exclude)
+
+    def targets(self) -> Iterator[Target]:
+        """Model folders as one target each, other folders walked, checkpoint files found."""
+        if is_model_folder(self.root):
+            yield self._target(self.root)
+            return
+        self._enter(self.root)
+        while self.stack:
+            folder = self.stack[-1]
+            entry = next(folder.entries, None)
+            if entry is None:
+                self.stack.pop()
+                # a config.json folder holding nothing to audit (no weights, no ONNX export beside
+                # it) is one target: its audit says what is missing
+                if self.found == folder.found_before and "config.json" in _names(folder.path):
+                    yield self._target(folder.path)
+                continue
+            if _skipped_name(entry.name) or self._excluded(entry):
+                continue
+            is_folder = self._is_folder(entry)
+            if is_folder and is_model_folder(entry.path):
+                yield self._target(entry.path)
+            elif is_folder:
+                self._enter(entry.path)
+            elif is_folder is False and self._is_checkpoint(entry):
+                yield self._target(entry.path)
+
+
+def check_excludes(exclude: Iterable[str]) -> tuple[str, ...]:
+    """The --exclude patterns, each checked before anything is walked."""
+    patterns = tuple(exclude)
     try:
-        entries = sorted(os.scandir(folder), key=lambda e: e.name)
-    except OSError as exc:
-        errors.append(PathError(folder, f"cannot list folder: {exc.strerror or exc}"))
-        return
-    for entry in entries:
-        if _skipped_name(entry.name):
-            continue
-        relative = posix_relative(entry.path, root)
-        if any(glob_matches(pattern, relative) for pattern in exclude):
-            continue
-        if entry.is_dir(follow_symlinks=False):  # linked folders are not followed: no cycles
-            yield from _folder(root, entry.path, exclude, errors)
-        elif entry.is_file() and _is_candidate(entry.path, entry.name):
-            yield _target(root, entry.path)
+        for pattern in patterns:
+            compile_glob(pattern)
+    except UsageError as exc:
+        raise UsageError(exc.message, "--exclude") from exc
+    return patterns
 
 
 def discover(arguments: Iterable[str], exclude: Iterable[str] = ()) -> Discovery:
     """Targets for the arguments: files and model folders as given, other folders walked."""
-    patterns = tuple(exclude)
+    patterns = check_excludes(exclude)
     targets: dict[str, Target] = {}
     errors: list[PathError] = []
     for argument in arguments:
         if os.path.isdir(argument):
-            found: Iterable[Target] = _folder(argument, argument, patterns, errors)
+            found: Iterable[Target] = _Walk(argument, patterns, errors).targets()
         else:  # a file, or a missing path: the audit says what is wrong with it
             found = (Target(argument, explicit=True),)
         for target in found:

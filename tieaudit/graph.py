@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from itertools import combinations
 from typing import Literal
 
 from tieaudit.model import Checkpoint, DeclaredTie, TensorInfo
@@ -43,7 +42,11 @@ class AliasGroup:
     nbytes: int
     """Bytes of the shared storage (stored once)."""
     pairs: tuple[PairRelation, ...]
-    """The relation of every pair of names."""
+    """Pairs of names whose views touch: each further name of a view as identical to the view's
+    first name, then every pair of distinct views that share bytes (transposed or overlapping).
+    Names not paired here view disjoint bytes. At most MAX_LISTED_PAIRS are listed."""
+    pairs_truncated: bool = False
+    """True when more pairs of touching views exist than MAX_LISTED_PAIRS (the relation still counts them)."""
 
 
 @dataclass(frozen=True)
@@ -101,10 +104,45 @@ def relate(first: TensorInfo, second: TensorInfo) -> Relation:
     return "overlapping" if start_a < end_b and start_b < end_a else "disjoint"
 
 
-def _group(storage_id: str, views: list[TensorInfo], nbytes: int) -> AliasGroup:
-    pairs = tuple(PairRelation(a.name, b.name, relate(a, b)) for a, b in combinations(views, 2))
-    relation = max((p.relation for p in pairs), key=_PRIORITY.__getitem__)
-    return AliasGroup(storage_id, tuple(v.name for v in views), relation, nbytes, pairs)
+MAX_LISTED_PAIRS = 10_000
+"""Touching pairs listed per storage: a 64 KB pickle can point thousands of names at one storage,
+and listing every pair of them would be quadratic in the report (the relation is still exact)."""
+
+
+def _view_key(tensor: TensorInfo) -> tuple[object, ...]:
+    return (tensor.byte_offset, tensor.dtype, tensor.shape, tensor.strides)
+
+
+def _touching(views: list[TensorInfo]) -> list[tuple[TensorInfo, TensorInfo]]:
+    """Pairs of distinct views whose byte spans intersect, found by a sweep over their starts:
+    cost follows the pairs found (disjoint slices of a fused matrix cost n log n), up to the cap."""
+    found: list[tuple[TensorInfo, TensorInfo]] = []
+    active: list[tuple[int, TensorInfo]] = []  # (end, view) of views whose span may still intersect
+    for view in sorted(views, key=lambda v: v.byte_span()):
+        start, end = view.byte_span()
+        active = [(e, v) for e, v in active if e > start]
+        found.extend((other, view) for _, other in active if start < end)
+        if len(found) > MAX_LISTED_PAIRS:
+            break
+        if end > start:
+            active.append((end, view))
+    return found
+
+
+def _group(storage_id: str, tensors: list[TensorInfo], nbytes: int) -> AliasGroup:
+    by_view: dict[tuple[object, ...], list[TensorInfo]] = defaultdict(list)
+    for tensor in tensors:
+        by_view[_view_key(tensor)].append(tensor)
+    pairs = [
+        PairRelation(same[0].name, other.name, "identical") for same in by_view.values() for other in same[1:]
+    ]
+    touching = _touching([same[0] for same in by_view.values()])
+    pairs += [PairRelation(a.name, b.name, relate(a, b)) for a, b in touching]
+    disjoint: Relation = "disjoint"
+    relation = max((p.relation for p in pairs), key=_PRIORITY.__getitem__, default=disjoint)
+    listed = tuple(pairs[:MAX_LISTED_PAIRS])
+    names = tuple(t.name for t in tensors)
+    return AliasGroup(storage_id, names, relation, nbytes, listed, len(pairs) > MAX_LISTED_PAIRS)
 
 
 def tie_states(checkpoint: Checkpoint, ties: tuple[DeclaredTie, ...]) -> tuple[TieState, ...]:

@@ -14,7 +14,10 @@ from typing import Literal
 import numpy as np
 
 from tieaudit.bytestore import ByteStore
+from tieaudit.core.escape import quoted
+from tieaudit.core.limits import NPY_INTP_MAX, bounded_product, shown_dims
 from tieaudit.dtypes import itemsize, to_numpy
+from tieaudit.errors import InputError
 
 Format = Literal["torch", "safetensors", "onnx", "hf-dir"]
 DeclaredBy = Literal["config", "metadata", "index", "policy"]
@@ -67,10 +70,12 @@ class TensorInfo:
 
     @property
     def numel(self) -> int:
-        """Number of elements."""
-        count = 1
-        for dim in self.shape:
-            count *= dim
+        """Number of elements. Readers refuse shapes no numpy view can hold (formats.viewable), so
+        this is at most 2**63 - 1; the bound is checked before each multiplication all the same."""
+        count = bounded_product(self.shape, NPY_INTP_MAX)
+        if count is None:
+            shown = shown_dims(self.shape)
+            raise InputError(f"tensor {quoted(self.name)}: shape {shown} is too large to count", self.file)
         return count
 
     @property
@@ -117,6 +122,11 @@ class Consumer:
     """Input position of the initializer in that node."""
     graph: str
     """Name of the (sub)graph holding the node; ``main`` for the top graph."""
+
+
+MAX_KEPT_SKIPPED = 10_000
+"""Non-tensor entries a reader keeps by name; the rest are counted. A 64 KB pickle can hold
+hundreds of thousands of integer leaves: an object for each costs more than the read itself."""
 
 
 @dataclass(frozen=True)
@@ -166,7 +176,9 @@ class Checkpoint:
     aliases: Mapping[str, str] = field(default_factory=dict)
     """ONNX: value names that are another name for an initializer (Identity outputs)."""
     skipped: tuple[Skipped, ...] = ()
-    """Entries that are not tensors (epoch counters, strings, ...)."""
+    """Entries that are not tensors (epoch counters, strings, ...), at most MAX_KEPT_SKIPPED."""
+    skipped_more: int = 0
+    """Further non-tensor entries, counted but not kept."""
     config: ModelConfig | None = None
     """Hugging Face config facts, for folders."""
     files: tuple[str, ...] = ()
@@ -180,6 +192,11 @@ class Checkpoint:
     def tensor(self, name: str) -> TensorInfo:
         """The tensor stored under name (KeyError when absent)."""
         return self._by_name[name]
+
+    @property
+    def skipped_total(self) -> int:
+        """Every non-tensor entry the reader saw, kept or only counted."""
+        return len(self.skipped) + self.skipped_more
 
     @property
     def names(self) -> frozenset[str]:

@@ -8,19 +8,35 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import reprlib
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tieaudit.core.globs import compile_glob, glob_matches, posix_relative
+from tieaudit.core.limits import NotRegularFile, TooLarge, nesting_depth_exceeds, parse_failure, read_limited
 from tieaudit.detect import ALL_RELATIONS, DEFAULT_MIN_BYTES
-from tieaudit.discover import glob_matches, posix_relative
 from tieaudit.errors import UsageError
 from tieaudit.findings import RULES, SEVERITY_RANK, Severity
 from tieaudit.model import DeclaredTie
 
 PATH_TABLE = "path"
 """The array of tables holding per-glob overrides: ``[[path]]``."""
+MAX_POLICY_BYTES = 4 << 20
+"""Largest policy file read (tieaudit.toml, or a pyproject.toml holding the table): real ones are KiB."""
+MAX_POLICY_DEPTH = 8
+"""Deepest nesting of tables and arrays in the policy table: the deepest valid key is three levels."""
+MAX_BYTE_COUNT = (1 << 63) - 1
+"""Largest byte count a policy may set: no file holds more bytes than a 64-bit offset reaches."""
+_BRIEF = reprlib.Repr()
+_BRIEF.maxstring = _BRIEF.maxother = 60
+_BRIEF.maxlevel = 3
+
+
+def brief(value: Any) -> str:
+    """A value from the policy file, shortened for a one-line message."""
+    return _BRIEF.repr(value)
 
 
 @dataclass(frozen=True)
@@ -97,28 +113,29 @@ class Policy:
 
 
 def _severity(value: Any, where: str) -> Severity:
-    if value not in SEVERITY_RANK:
-        raise UsageError(f"severity must be error, warning or note, not {value!r}", where)
-    return value  # type: ignore[no-any-return]
+    if not isinstance(value, str) or value not in SEVERITY_RANK:
+        raise UsageError(f"severity must be error, warning or note, not {brief(value)}", where)
+    return value  # type: ignore[return-value]
 
 
 def _rule_ids(values: Any, where: str) -> frozenset[str]:
-    if not isinstance(values, list) or not all(v in RULES for v in values):
-        raise UsageError(f"ignore must be a list of rule ids ({', '.join(RULES)}), not {values!r}", where)
+    if not isinstance(values, list) or not all(isinstance(v, str) and v in RULES for v in values):
+        known = ", ".join(RULES)
+        raise UsageError(f"ignore must be a list of rule ids ({known}), not {brief(values)}", where)
     return frozenset(values)
 
 
 def _byte_count(key: str) -> Callable[[Any, str], int]:
     def parse(value: Any, where: str) -> int:
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise UsageError(f"{key} must be a byte count, not {value!r}", where)
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_BYTE_COUNT:
+            raise UsageError(f"{key} must be a byte count (0 to 2**63-1), not {brief(value)}", where)
         return value
 
     return parse
 
 
 def _relations(value: Any, where: str) -> frozenset[str]:
-    if not isinstance(value, list) or not set(value) <= ALL_RELATIONS:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v in ALL_RELATIONS for v in value):
         raise UsageError(f"relations must be a subset of {sorted(ALL_RELATIONS)}", where)
     return frozenset(value)
 
@@ -139,7 +156,7 @@ def _expected(entries: Any, where: str) -> tuple[DeclaredTie, ...]:
             or not isinstance(entry.get("target"), str)
             or not isinstance(entry.get("source"), str)
         ):
-            raise UsageError(f"expect-tie entry {entry!r} needs string target and source", where)
+            raise UsageError(f"expect-tie entry {brief(entry)} needs string target and source", where)
         ties.append(DeclaredTie(entry["target"], entry["source"], "policy", where))
     return tuple(ties)
 
@@ -174,6 +191,10 @@ def _path_entries(entries: Any, where: str) -> tuple[PathPolicy, ...]:
         glob = entry.get("glob")
         if not isinstance(glob, str) or not glob:
             raise UsageError('needs glob = "..." (e.g. "models/**/*.onnx")', label)
+        try:
+            compile_glob(glob)  # an invalid pattern is found now, not while checkpoints are matched
+        except UsageError as exc:
+            raise UsageError(exc.message, label) from exc
         result.append(PathPolicy(glob, _settings(entry, {"glob"}, label)))
     return tuple(result)
 
@@ -201,23 +222,39 @@ def load_policy(path: str | None) -> Policy:
     return policy
 
 
-def _read(path: str, required: bool) -> Policy | None:
+def _parse(path: str) -> dict[str, Any]:
+    """The TOML document at path: size checked before reading, any parse failure one usage error."""
     if sys.version_info >= (3, 11):  # imported here: most runs have no policy file to parse
         import tomllib
     else:  # pragma: no cover
         import tomli as tomllib
     try:
-        with open(path, "rb") as handle:
-            document = tomllib.load(handle)
+        data = read_limited(path, MAX_POLICY_BYTES, os.path.basename(path))
     except FileNotFoundError as exc:
         raise UsageError("policy file not found", path) from exc
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise UsageError(f"cannot read policy: {exc}", path) from exc
+    except TooLarge as exc:
+        raise UsageError(f"cannot read policy: {exc} (MAX_POLICY_BYTES)", path) from exc
+    except (NotRegularFile, OSError) as exc:
+        raise UsageError(f"cannot read policy: {exc.strerror or exc}", path) from exc
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # syntax, bad UTF-8, digits, nesting
+        raise UsageError(f"cannot read policy: {parse_failure(exc)}", path) from exc
+
+
+def _read(path: str, required: bool) -> Policy | None:
+    document = _parse(path)
     if os.path.basename(path) == "pyproject.toml":
-        table = document.get("tool", {}).get("tieaudit")
+        tool = document.get("tool", {})
+        table = tool.get("tieaudit") if isinstance(tool, dict) else None
         if table is None:
             if required:
                 raise UsageError("no [tool.tieaudit] table", path)
             return None
-        return policy_from_table(table, path)
-    return policy_from_table(document, path)
+    else:
+        table = document
+    if not isinstance(table, dict):
+        raise UsageError("tieaudit settings must be a table", path)
+    if nesting_depth_exceeds(table, MAX_POLICY_DEPTH):
+        raise UsageError(f"policy tables or arrays nest deeper than {MAX_POLICY_DEPTH} levels", path)
+    return policy_from_table(table, path)

@@ -26,59 +26,69 @@ EMBEDDING_SUFFIXES = (
 OUTPUT_SUFFIXES = ("lm_head.weight", "predictions.decoder.weight", "output.weight")
 
 
-def _fix(ckpt: Checkpoint, relation: str) -> str:
-    """The retie command for this copy, with --relations only where the format needs it."""
-    if relation not in REPRESENTABLE[ckpt.format]:
+def _fix(ckpt: Checkpoint, relations: set[str]) -> str:
+    """The retie command for these copies, with --relations only where the format needs it."""
+    missing = sorted(relations - REPRESENTABLE[ckpt.format])
+    if missing:
         return (
-            f"a {ckpt.format} file cannot record a {relation} copy; derive it from the wider tensor on load"
+            f"a {ckpt.format} file cannot record a {' or '.join(missing)} copy; "
+            "derive it from the wider tensor on load"
         )
     trimmed = ckpt.path.rstrip("/") or ckpt.path
     stem, ext = os.path.splitext(os.path.basename(trimmed))
     out = os.path.join(os.path.dirname(trimmed), f"{stem}-retied{ext}")
-    extra = "" if relation in DEFAULT_RELATIONS[ckpt.format] else f" --relations equal,{relation}"
-    return f"tieaudit retie {ckpt.path} {out}{extra}"
+    extra = sorted(relations - DEFAULT_RELATIONS[ckpt.format])
+    option = (
+        f" --relations {','.join(sorted(set(DEFAULT_RELATIONS[ckpt.format]) | set(extra)))}" if extra else ""
+    )
+    return f"tieaudit retie {ckpt.path} {out}{option}"
+
+
+_WHAT = {"equal": "the same bytes as", "transposed": "the transpose of", "cast": "a lower-precision cast of"}
+
+
+def group_relation(group: CopyGroup) -> str:
+    """The group's relation: the members' one when they agree, else ``mixed`` (details say each)."""
+    relations = {m.relation for m in group.members}
+    return relations.pop() if len(relations) == 1 else "mixed"
 
 
 def copy_findings(
     ckpt: Checkpoint, groups: list[CopyGroup], declared: set[frozenset[str]]
 ) -> Iterator[Finding]:
-    """TIE001: one finding per copy group and relation."""
+    """TIE001: one finding per copy group; its wasted bytes count every stored copy once."""
     for group in groups:
-        for relation in ("equal", "transposed", "cast"):
-            members = [m for m in group.members if m.relation == relation]
-            if not members:
-                continue
-            names = (group.kept, *(m.name for m in members))
-            wasted = sum(m.nbytes for m in members)
-            copies = ", ".join(m.name for m in members)
-            what = {
-                "equal": "the same bytes as",
-                "transposed": "the transpose of",
-                "cast": "a lower-precision cast of",
-            }[relation]
-            tied_note = (
-                " The config declares them tied, but they are stored as two tensors."
-                if any(frozenset((group.kept, m.name)) in declared for m in members)
-                else ""
-            )
-            yield Finding(
-                "TIE001",
-                "warning",
-                names,
-                f"{copies} holds {what} {group.kept} in separate storage ({human_bytes(wasted)} wasted): "
-                f"values that are equal are not a tie; each copy trains and loads as its own parameter."
-                + tied_note,
-                relation=relation,
-                wasted_bytes=wasted,
-                fix=_fix(ckpt, relation),
-            )
+        relation = group_relation(group)
+        parts = []
+        for kind in ("equal", "transposed", "cast"):
+            copies = [m.name for m in group.members if m.relation == kind]
+            if copies:
+                verb = "holds" if len(copies) == 1 else "hold"
+                parts.append(f"{', '.join(copies)} {verb} {_WHAT[kind]} {group.kept}")
+        tied_note = (
+            " The config declares them tied, but they are stored as separate tensors."
+            if any(frozenset((a, b)) in declared for a in group.names for b in group.names)
+            else ""
+        )
+        yield Finding(
+            "TIE001",
+            "warning",
+            group.names,
+            f"{'; '.join(parts)} in separate storage ({human_bytes(group.wasted_bytes)} wasted): "
+            f"values that are equal are not a tie; each copy trains and loads as its own parameter."
+            + tied_note,
+            relation=relation,
+            wasted_bytes=group.wasted_bytes,
+            fix=_fix(ckpt, {m.relation for m in group.members}),
+            details={"kept": group.kept, "relations": {m.name: m.relation for m in group.members}},
+        )
 
 
 def _tie_where(state: TieState) -> str:
     return f"{state.tie.where} ties {state.tie.target} to {state.tie.source}"
 
 
-def declared_findings(graph: AliasGraph, grouped: set[frozenset[str]]) -> Iterator[Finding]:
+def declared_findings(graph: AliasGraph, grouped: list[frozenset[str]]) -> Iterator[Finding]:
     """TIE002 (stored separately, values differ), TIE003 (only the target stored), and TIE001 for a
     declared pair stored as an equal copy that the size threshold kept out of the search."""
     ckpt = graph.checkpoint
@@ -101,8 +111,8 @@ def declared_findings(graph: AliasGraph, grouped: set[frozenset[str]]) -> Iterat
             continue
         if not (state.target_stored and state.source_stored) or state.shared_storage:
             continue
-        if frozenset(pair) in grouped:
-            continue  # reported as TIE001 already
+        if any(set(pair) <= group for group in grouped):
+            continue  # one copy group holds both: reported once, as that group's TIE001
         target, source = ckpt.tensor(state.tie.target), ckpt.tensor(state.tie.source)
         yield from _compare_declared(ckpt, state, target, source, comparer)
 
@@ -130,7 +140,7 @@ def _compare_declared(
             f"({human_bytes(target.nbytes)} wasted).",
             relation="equal",
             wasted_bytes=target.nbytes,
-            fix=_fix(ckpt, "equal"),
+            fix=_fix(ckpt, {"equal"}),
         )
         return
     max_abs, fraction = difference(ckpt, target, source)
@@ -254,8 +264,11 @@ def evaluate(graph: AliasGraph, policy: Policy, extra: tuple[Finding, ...] = ())
     """Every finding of every rule (plus extra ones found elsewhere, e.g. TIE005 from ONNX Runtime),
     with policy severities and ignores applied, most severe first."""
     ckpt = graph.checkpoint
-    groups = find_copies(ckpt, policy.relations, policy.min_bytes, lookup_tables(ckpt))
-    grouped = {frozenset((g.kept, m.name)) for g in groups for m in g.members}
+    sources = frozenset(s.tie.source for s in graph.ties)
+    groups = find_copies(
+        ckpt, policy.relations, policy.min_bytes, lookup_names=lookup_tables(ckpt), sources=sources
+    )
+    grouped = [frozenset(g.names) for g in groups]
     declared = {frozenset((s.tie.target, s.tie.source)) for s in graph.ties}
     found = [
         *copy_findings(ckpt, groups, declared),

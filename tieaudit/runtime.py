@@ -5,6 +5,10 @@ memory (RssAnon) after session creation and after a few runs, the peak, median l
 optimized model ORT saves is searched for copies of the input's initializers (``runtime_graph``).
 The recommendation is the configuration that holds one copy (no static copy, no memory excess)
 with the lowest latency.
+
+Each probe runs under a memory limit (``default_memory_limit``: a base, the CPU count and a
+multiple of the model's bytes; ``--memory-limit`` or TIEAUDIT_RUNTIME_MEMORY_LIMIT overrides it),
+so a small hostile model cannot make ONNX Runtime allocate gigabytes.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from tieaudit.errors import TieauditError, UsageError
 from tieaudit.findings import SEVERITY_RANK, Finding, Severity
 from tieaudit.runtime_graph import InputSpec, ModelFacts, StaticView, analyse_optimized, read_model
+from tieaudit.runtime_memory import MEMORY_LIMIT_ENV, default_memory_limit, memory_limit_from_env
 from tieaudit.runtime_probe import CONFIGS, ProbeError, SessionConfig, run_probe
 from tieaudit.units import human_bytes
 
@@ -100,6 +105,8 @@ class RuntimeReport:
     """Configurations whose copies are findings (default, or the ones asked for without it)."""
     findings: tuple[Finding, ...]
     recommendation: Recommendation | None
+    memory_limit: int = 0
+    """Bytes each probe could use (RLIMIT_DATA)."""
 
     @property
     def errors(self) -> tuple[ConfigResult, ...]:
@@ -115,11 +122,18 @@ class RuntimeReport:
 
 
 def _probe_config(
-    model: ModelFacts, config: SessionConfig, request: dict[str, object], timeout: float, folder: str
+    model: ModelFacts,
+    config: SessionConfig,
+    request: dict[str, object],
+    *,
+    timeout: float,
+    folder: str,
+    raise_limit: str,
 ) -> ConfigResult:
     optimized = os.path.join(folder, f"{config.name}.onnx")
     try:
-        result = run_probe({**request, "config": config.name, "optimized_path": optimized}, timeout)
+        probe_request = {**request, "config": config.name, "optimized_path": optimized}
+        result = run_probe(probe_request, timeout, raise_limit)
         static = analyse_optimized(optimized, model.originals, model.stored, not config.no_prepacking)
     except TieauditError as exc:
         return ConfigResult(config, error=str(exc))
@@ -211,6 +225,7 @@ def duplicate_findings(
 
 def measure_runtime(
     path: str,
+    *,
     configs: Sequence[str] | None = None,
     dims: Mapping[str, int] | None = None,
     runs: int = DEFAULT_RUNS,
@@ -219,24 +234,33 @@ def measure_runtime(
     embed_weights: bool = False,
     memory_limit: int | None = None,
 ) -> RuntimeReport:
-    """Measure each configuration in its own subprocess and analyse ORT's optimized models."""
+    """Measure each configuration in its own subprocess and analyse ORT's optimized models.
+
+    memory_limit: bytes each probe may use (default: default_memory_limit of the model).
+    """
     names = list(dict.fromkeys(configs or CONFIGS))
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
         raise UsageError(f"unknown configuration {', '.join(unknown)} (known: {', '.join(CONFIGS)})")
     model = read_model(path, dims or {})
     fold_limit = model.fold_limit if fold_limit is None else fold_limit
+    limit = default_memory_limit(model) if memory_limit is None else memory_limit
     request: dict[str, object] = {
         "model": model.path,
         "fold_limit": fold_limit,
         "runs": runs,
         "measure": True,
-        "memory_limit": memory_limit,
+        "memory_limit": limit,
         "embed_weights": embed_weights and model.external,
         "inputs": [vars(s) for s in model.inputs],
     }
     with tempfile.TemporaryDirectory(prefix="tieaudit-runtime-") as folder:
-        results = [_probe_config(model, CONFIGS[n], request, timeout, folder) for n in names]
+        results = [
+            _probe_config(
+                model, CONFIGS[n], request, timeout=timeout, folder=folder, raise_limit="raise --memory-limit"
+            )
+            for n in names
+        ]
     threshold = max(NOISE_FLOOR, model.largest_shared // 2)
     results = _judge(results, threshold)
     gated = ("default",) if "default" in names else tuple(names)
@@ -268,27 +292,39 @@ def measure_runtime(
         gated,
         tuple(findings),
         recommendation,
+        limit,
     )
 
 
 def runtime_findings(
-    path: str, timeout: float = DEFAULT_TIMEOUT, shown_path: str | None = None
+    path: str,
+    timeout: float = DEFAULT_TIMEOUT,
+    shown_path: str | None = None,
+    *,
+    memory_limit: int | None = None,
 ) -> list[Finding]:
     """TIE005 findings of the default session options, from the optimized model alone (no measurement).
 
-    Raises ProbeError when ONNX Runtime cannot create a session for the model (or crashes, or times out).
+    memory_limit: bytes the probe may use (default: TIEAUDIT_RUNTIME_MEMORY_LIMIT, else
+    default_memory_limit of the model). Raises ProbeError when ONNX Runtime cannot create a session
+    for the model (or crashes, times out, or needs more memory than the limit).
     """
-    model = read_model(path, {})
+    model = read_model(path, {}, with_inputs=False)  # no inference: no synthetic inputs to build
     fold_limit = model.fold_limit
+    limit = memory_limit or memory_limit_from_env() or default_memory_limit(model)
     request = {
         "model": model.path,
         "fold_limit": fold_limit,
         "runs": 0,
         "measure": False,
-        "inputs": [vars(s) for s in model.inputs],
+        "memory_limit": limit,
+        "inputs": [],
     }
+    raise_limit = f"set {MEMORY_LIMIT_ENV} to more (e.g. {human_bytes(2 * limit).replace(' ', '')})"
     with tempfile.TemporaryDirectory(prefix="tieaudit-runtime-") as folder:
-        result = _probe_config(model, CONFIGS["default"], request, timeout, folder)
+        result = _probe_config(
+            model, CONFIGS["default"], request, timeout=timeout, folder=folder, raise_limit=raise_limit
+        )
     if result.error is not None or result.static is None:
         raise ProbeError(result.error or "no static view", path)
     shown = shown_path or path

@@ -1,53 +1,30 @@
-"""What the runtime check reads from ONNX graphs: synthetic inputs, and ONNX Runtime's own copies.
+"""What the runtime check reads from ONNX graphs: the model's facts, and ONNX Runtime's own copies.
 
 The copies are found in the optimized model ONNX Runtime saves (``optimized_model_filepath``),
 read with tieaudit's ONNX reader and searched with its detector: an initializer there that the
 input model does not have, holding the values of one it does, is a copy ONNX Runtime made
 (constant folding of Transpose(E), a Cast, ...). Prepacking is not visible in the saved model: it
 is predicted from the consumers (an initializer packed for a MatMul and still read by a Gather is
-held twice) and confirmed by the memory measurement.
+held twice) and confirmed by the memory measurement. The synthetic inputs are runtime_inputs'.
 """
 
 from __future__ import annotations
 
 import os
-from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from tieaudit.detect import ALL_RELATIONS, DEFAULT_MIN_BYTES, CopyGroup, find_copies, lookup_tables
-from tieaudit.errors import UsageError
+from tieaudit.errors import InputError, UsageError, one_line
 from tieaudit.formats import open_checkpoint
-from tieaudit.formats.onnx_model import ONNX_DTYPES, is_op
 from tieaudit.model import Checkpoint
+from tieaudit.runtime_inputs import InputSpec, input_specs
 from tieaudit.runtime_probe import DEFAULT_FOLD_LIMIT
 
-if TYPE_CHECKING:
-    from onnx import ModelProto, ValueInfoProto
+__all__ = ["InputSpec", "ModelFacts", "StaticView", "analyse_optimized", "input_specs", "read_model"]
 
 PREPACKED_SLOTS = {"MatMul": 1, "FusedMatMul": 1, "Gemm": 1}
 """Operators whose constant B input ONNX Runtime's CPU kernels pack (MLAS) at session creation."""
-PASS_THROUGH = {"Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Cast", "Expand", "Slice"}
-"""Operators an id tensor flows through unchanged in value on its way to a Gather."""
-DEFAULT_DIMS = {"batch": 1, "sequence": 8}
-"""Sizes of symbolic dimensions: names containing batch -> batch, seq or len -> sequence, others 1."""
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    """A synthetic model input the probe builds."""
-
-    name: str
-    """Graph input name."""
-    dtype: str
-    """numpy dtype name."""
-    shape: tuple[int, ...]
-    """Concrete shape (symbolic dimensions resolved)."""
-    fill: str
-    """ids (uniform in [0, high)), ones (masks), positions, normal (floats) or zeros."""
-    high: int | None = None
-    """For ids: the vocabulary size (rows of the Gather table the ids index)."""
 
 
 @dataclass(frozen=True)
@@ -109,72 +86,6 @@ def shared_initializers(ckpt: Checkpoint, min_bytes: int = DEFAULT_MIN_BYTES) ->
         for name, uses in ckpt.consumers.items()
         if len(uses) >= 2 and name in matrices
     }
-
-
-def _dim_size(param: str, dims: Mapping[str, int]) -> int:
-    if param in dims:
-        return dims[param]
-    lowered = param.lower()
-    if "batch" in lowered:
-        return dims.get("batch", DEFAULT_DIMS["batch"])
-    if "seq" in lowered or "len" in lowered:
-        return dims.get("sequence", DEFAULT_DIMS["sequence"])
-    return 1
-
-
-def _vocabulary(model: ModelProto, ckpt: Checkpoint, input_name: str) -> int | None:
-    """Rows of the smallest Gather table the input's values index, following shape-only ops."""
-    readers: dict[str, list[tuple[str, int, list[str], list[str]]]] = defaultdict(list)
-    for node in model.graph.node:
-        for slot, value in enumerate(node.input):
-            op_type = node.op_type if is_op(node, node.op_type) else ""  # standard domain only
-            readers[value].append((op_type, slot, list(node.input), list(node.output)))
-    tables = {t.name: t.shape[0] for t in ckpt.tensors if t.shape}
-    found: list[int] = []
-    seen, pending = {input_name}, [input_name]
-    while pending:
-        value = pending.pop()
-        for op_type, slot, inputs, outputs in readers[value]:
-            table = ckpt.aliases.get(inputs[0], inputs[0])
-            if op_type == "Gather" and slot == 1 and table in tables:
-                found.append(tables[table])
-            elif op_type in PASS_THROUGH and slot == 0:
-                pending += [o for o in outputs if o not in seen]
-                seen.update(outputs)
-    return min(found) if found else None
-
-
-def input_specs(model: ModelProto, ckpt: Checkpoint, dims: Mapping[str, int]) -> tuple[InputSpec, ...]:
-    """Synthetic inputs for every graph input that is not an initializer."""
-    initializers = {init.name for init in model.graph.initializer}
-    return tuple(_spec(model, ckpt, v, dims) for v in model.graph.input if v.name not in initializers)
-
-
-def _spec(model: ModelProto, ckpt: Checkpoint, value: ValueInfoProto, dims: Mapping[str, int]) -> InputSpec:
-    import onnx
-
-    tensor_type = value.type.tensor_type
-    if not value.type.HasField("tensor_type"):
-        raise UsageError(f"input {value.name!r} is not a tensor; synthetic inputs cannot be built for it")
-    type_name = onnx.TensorProto.DataType.Name(tensor_type.elem_type)
-    dtype = ONNX_DTYPES.get(type_name)
-    if dtype is None or dtype.startswith(("bfloat", "float8", "complex")):
-        raise UsageError(
-            f"input {value.name!r} has type {type_name}; synthetic inputs cannot be built for it"
-        )
-    shape = tuple(
-        d.dim_value if d.HasField("dim_value") else _dim_size(d.dim_param, dims)
-        for d in tensor_type.shape.dim
-    )
-    lowered = value.name.lower()
-    if dtype.startswith(("float", "double")):
-        return InputSpec(value.name, dtype, shape, "normal")
-    vocab = _vocabulary(model, ckpt, value.name) if dtype != "bool" else None
-    if vocab:
-        return InputSpec(value.name, dtype, shape, "ids", vocab)
-    if "mask" in lowered:
-        return InputSpec(value.name, dtype, shape, "ones")
-    return InputSpec(value.name, dtype, shape, "positions" if "position" in lowered else "zeros")
 
 
 def _folded(
@@ -270,6 +181,13 @@ class ModelFacts:
     """Some initializer lives in external data."""
     inputs: tuple[InputSpec, ...]
     """Synthetic inputs."""
+    weight_bytes: int
+    """Bytes ONNX Runtime is handed: the .onnx file and the external data its initializers read."""
+
+    @property
+    def input_bytes(self) -> int:
+        """Bytes of every synthetic input."""
+        return sum(s.nbytes for s in self.inputs)
 
     @property
     def largest_shared(self) -> int:
@@ -282,17 +200,25 @@ class ModelFacts:
         return min(DEFAULT_FOLD_LIMIT, self.largest_shared // 2) if self.shared else DEFAULT_FOLD_LIMIT
 
 
-def read_model(path: str, dims: Mapping[str, int]) -> ModelFacts:
-    """The facts the runtime check needs, read once with tieaudit's reader before any probe."""
+def read_model(path: str, dims: Mapping[str, int], *, with_inputs: bool = True) -> ModelFacts:
+    """The facts the runtime check needs, read once with tieaudit's reader before any probe.
+
+    with_inputs=False: no synthetic inputs (a probe that only creates the session needs none).
+    """
     from tieaudit.formats.onnx_model import load_model
 
     with open_checkpoint(path) as ckpt:  # also confines external data before ORT is handed the model
         if ckpt.format != "onnx":
             raise UsageError(f"runtime needs an ONNX model, this is {ckpt.format}", path)
-        inputs = input_specs(load_model(path), ckpt, dims)
+        inputs = input_specs(load_model(path), ckpt, dims, path) if with_inputs else ()
         external = any(s.file_offset >= 0 for s in ckpt.storages.values())
+        try:
+            model_bytes = os.path.getsize(path)
+        except OSError as exc:
+            raise InputError(f"cannot read the model: {one_line(exc)}", path) from None
+        weights = model_bytes + sum(s.nbytes for s in ckpt.storages.values() if s.file_offset >= 0)
         sizes = {t.name: t.nbytes for t in ckpt.tensors}
         groups = find_copies(ckpt, ALL_RELATIONS, DEFAULT_MIN_BYTES, lookup_tables(ckpt))
         stored = {name: len(g.names) for g in groups for name in g.names}
         shared = shared_initializers(ckpt)
-        return ModelFacts(os.path.abspath(path), ckpt.names, shared, sizes, stored, external, inputs)
+        return ModelFacts(os.path.abspath(path), ckpt.names, shared, sizes, stored, external, inputs, weights)

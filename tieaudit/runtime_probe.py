@@ -1,8 +1,13 @@
 """The measured subprocess: one ONNX Runtime session under one named configuration.
 
-Run as ``python -m tieaudit.runtime_probe REQUEST_JSON`` (started by ``run_probe`` below), one fresh
+Run as ``python -m tieaudit.runtime_probe`` with the request JSON on stdin (started by ``run_probe``
+below; stdin, because argv holds at most 128 KiB and a model may have thousands of inputs), one fresh
 process per configuration, so that memory numbers start from the same baseline and a crash inside
 ONNX Runtime kills only this process. It prints exactly one JSON line on stdout.
+
+Before numpy or onnxruntime is imported the probe lowers its own RLIMIT_DATA to the request's
+memory limit: a model that makes ONNX Runtime allocate more (a ConstantOfShape of 6.4 GB in a
+135-byte file) fails that allocation, and the probe reports it as the limit being exceeded.
 
 Imports stay minimal (stdlib, numpy, onnxruntime): whatever this module loads is part of the
 baseline every configuration is measured against.
@@ -22,7 +27,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tieaudit.core.escape import printable
 from tieaudit.errors import TieauditError, one_line
+from tieaudit.units import human_bytes
 
 FOLD_LIMIT_KEY = "optimization.constant_folding_max_output_size_in_bytes"
 DISABLED_OPTIMIZERS_KEY = "optimization.disable_specified_optimizers"
@@ -35,6 +42,18 @@ CRASH_ENV = "TIEAUDIT_PROBE_CRASH"
 """For tests: abort (SIGABRT) where ONNX Runtime would create the session, for these comma-separated
 configuration names (or ``all``)."""
 STATUS_FIELDS = ("RssAnon", "RssFile", "VmRSS", "VmHWM")
+OUT_OF_MEMORY_SIGNS = (
+    "MemoryError",
+    "bad_alloc",
+    "Failed to allocate memory",
+    "Cannot allocate memory",
+    "pthread_create failed",
+    "Memory allocation still failed",
+)
+"""An allocation refused under the limit, in the words of Python, onnxruntime, glibc and OpenBLAS."""
+PROBE_ENV = {"OPENBLAS_NUM_THREADS": "1"}
+"""numpy's OpenBLAS starts a thread per CPU at import, ~40 MiB of writable memory each; the probe
+never calls BLAS, so they would only be counted against the memory limit on a many-core machine."""
 
 
 @dataclass(frozen=True)
@@ -210,14 +229,27 @@ def probe_command() -> list[str]:
     return [sys.executable, "-m", "tieaudit.runtime_probe"]
 
 
-def run_probe(request: Mapping[str, object], timeout: float) -> dict[str, Any]:
-    """Run one probe; its JSON result, or ProbeError for a crash, a timeout or an ORT error."""
+class MemoryLimitError(ProbeError):
+    """The probe needed more memory than its limit."""
+
+
+def run_probe(
+    request: Mapping[str, object], timeout: float, raise_limit: str = "raise --memory-limit"
+) -> dict[str, Any]:
+    """Run one probe; its JSON result, or ProbeError for a crash, a timeout or an ORT error.
+
+    MemoryLimitError (a ProbeError) when an allocation was refused under request["memory_limit"];
+    raise_limit says how the user gives it more.
+    """
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
+        os.environ,
+        **PROBE_ENV,
+        PYTHONPATH=os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
     )
     process = subprocess.Popen(
-        [*probe_command(), json.dumps(request)],
+        probe_command(),
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -225,56 +257,81 @@ def run_probe(request: Mapping[str, object], timeout: float) -> dict[str, Any]:
         start_new_session=True,
     )
     try:
-        out, err = process.communicate(timeout=timeout)
+        out, err = process.communicate(json.dumps(request), timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)  # its own session: ORT's threads and anything it started
         process.communicate()
         raise ProbeError(
             f"timed out after {timeout:g} s (session creation or inference did not finish)"
         ) from None
-    last_err = next((line for line in reversed(err.splitlines()) if line.strip()), "")
+    limit = request.get("memory_limit")
+    exceeded = MemoryLimitError(
+        f"the probe exceeded the {human_bytes(int(limit))} memory limit; {raise_limit}"
+        if isinstance(limit, int) and limit
+        else "the probe ran out of memory"
+    )
+    last_err = printable(next((line.strip() for line in reversed(err.splitlines()) if line.strip()), ""))
     if process.returncode < 0:
         try:
             name = signal.Signals(-process.returncode).name
         except ValueError:
             name = f"signal {-process.returncode}"
-        raise ProbeError(
-            f"onnxruntime crashed (killed by {name})" + (f": {last_err.strip()}" if last_err else "")
-        )
+        if out_of_memory(err):  # std::terminate after a bad_alloc on one of ORT's threads
+            raise exceeded
+        raise ProbeError(f"onnxruntime crashed (killed by {name})" + (f": {last_err}" if last_err else ""))
     try:
         result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     except (IndexError, ValueError):
+        if out_of_memory(err):
+            raise exceeded from None
         raise ProbeError(
             f"the probe exited with code {process.returncode} without a result"
-            + (f": {last_err.strip()}" if last_err else "")
+            + (f": {last_err}" if last_err else "")
         ) from None
     if not result.get("ok"):
-        raise ProbeError(f"onnxruntime failed: {result.get('error')}")
+        if result.get("out_of_memory"):
+            raise exceeded
+        raise ProbeError(f"onnxruntime failed: {printable(str(result.get('error')))}")
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point: REQUEST_JSON in argv, one JSON line out; 0 measured, 3 ONNX Runtime refused."""
-    args = sys.argv[1:] if argv is None else argv
-    limit = None
-    try:
-        request = json.loads(args[0])
-        limit = request.get("memory_limit")
-        if limit:
-            import resource
+def limit_memory(limit: int) -> int:
+    """Lower this process's RLIMIT_DATA to limit (never raise it, even as root); the limit in force.
 
-            resource.setrlimit(resource.RLIMIT_AS, (int(limit), int(limit)))
+    RLIMIT_DATA bounds writable private memory (heap, anonymous maps, thread stacks): what an
+    allocation consumes. RLIMIT_AS would also count address space ONNX Runtime reserves and never
+    touches (64 MiB per malloc arena, one arena per thread) and the memory-mapped weights, so an
+    honest run on a many-core machine would need several GiB more than it uses.
+    """
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_DATA)
+    if soft != resource.RLIM_INFINITY and 0 <= soft < limit:
+        limit = soft  # an outer limit is tighter: keep it
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    return limit
+
+
+def out_of_memory(message: str) -> bool:
+    """The message is an allocation refused (under the memory limit)."""
+    return any(sign in message for sign in OUT_OF_MEMORY_SIGNS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: request JSON on stdin (or argv[0]), one JSON line out; 0 measured, 3 failed."""
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        request = json.loads(args[0] if args else sys.stdin.read())
+        if request.get("memory_limit"):
+            limit_memory(int(request["memory_limit"]))
         result = probe(request)
     except MemoryError:
-        print(
-            json.dumps({"ok": False, "error": "out of memory (the --memory-limit was reached)"}), flush=True
-        )
+        print(json.dumps({"ok": False, "error": "MemoryError", "out_of_memory": True}), flush=True)
         return 3
     except Exception as exc:  # onnxruntime's errors are plain RuntimeError/Fail subclasses: report any
         message = f"{type(exc).__name__}: {one_line(exc)}"
-        if "bad_alloc" in message and limit:
-            message += " (the --memory-limit was reached)"
-        print(json.dumps({"ok": False, "error": message}), flush=True)
+        refused = out_of_memory(f"{type(exc).__name__}: {exc}")  # the sign may be past one_line's cut
+        print(json.dumps({"ok": False, "error": message, "out_of_memory": refused}), flush=True)
         return 3
     print(json.dumps({"ok": True, **result}), flush=True)
     return 0

@@ -1,6 +1,26 @@
-"""Human-readable sizes."""
+"""Human-readable sizes, both ways: 1536 -> '1.5 KiB', and '4GiB' / '512MB' / '1048576' -> bytes."""
 
 from __future__ import annotations
+
+import re
+
+SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+}
+"""Suffixes parse_size accepts (any letter case): decimal kB/MB/GB/TB, binary KiB/MiB/GiB/TiB, B or none."""
+MAX_SIZE_TEXT = 64
+"""Characters of a size argument: '1099511627776' is 13; anything longer is not a size someone typed."""
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]*)")
+_AMBIGUOUS = {"k": "kB", "m": "MB", "g": "GB", "t": "TB"}
 
 
 def human_bytes(count: int) -> str:
@@ -11,3 +31,30 @@ def human_bytes(count: int) -> str:
             return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def parse_size(text: str) -> int:
+    """'4GiB' -> 4294967296, '512MB' -> 512000000, '1.5KiB' -> 1536, '1048576' -> 1048576 (bytes).
+
+    Decimal units are powers of 1000 and binary ones powers of 1024, as in human_bytes; a bare
+    number is bytes; fractions round down to whole bytes. A one-letter unit ('4G') is refused:
+    it means GB to some tools and GiB to others. ValueError says what is wrong, in one line.
+    """
+    stripped = text.strip()
+    if len(stripped) > MAX_SIZE_TEXT:
+        raise ValueError(f"a size is at most {MAX_SIZE_TEXT} characters, like 4GiB, 512MB or 1048576")
+    match = _SIZE.fullmatch(stripped.lower())
+    if match is None:
+        raise ValueError(f"{stripped!r} is not a size: use a number of bytes or a unit, like 4GiB or 512MB")
+    number, unit = match.groups()
+    if unit in _AMBIGUOUS:
+        big = _AMBIGUOUS[unit]
+        raise ValueError(
+            f"{stripped!r} is ambiguous: say {number}{big} (x1000) or {number}{big[0]}iB (x1024)"
+        )
+    if unit not in SIZE_UNITS:
+        raise ValueError(f"{stripped!r}: unknown unit {unit!r} (use B, kB, MB, GB, TB, KiB, MiB, GiB or TiB)")
+    whole, _, fraction = number.partition(".")
+    scale = SIZE_UNITS[unit]
+    parts = (int(fraction) * scale) // 10 ** len(fraction) if fraction else 0
+    return int(whole) * scale + parts

@@ -8,7 +8,7 @@ name that is not UTF-8 cannot be encoded at all. ``printable`` makes any of them
 
 from __future__ import annotations
 
-_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def _escaped(char: str) -> str:
@@ -26,11 +26,19 @@ def _escaped(char: str) -> str:
 def printable(text: str) -> str:
     """text with every character a terminal or log would act on shown as an escape.
 
-    Kept: printable characters (letters of any script, digits, punctuation, the space). Escaped:
-    control and format characters (``\\n``, ``\\x1b``, bidi overrides ``\\u202e``), separators
-    other than the space, undecodable bytes (``\\xff``), and the backslash itself (``\\\\``), so
-    that an escape in the output always means the input held that character.
+    Kept: printable characters (letters of any script, digits, punctuation, the space, the
+    backslash). Escaped: control and format characters (``\\n``, ``\\x1b``, bidi overrides
+    ``\\u202e``), separators other than the space, and undecodable bytes (``\\xff``). The backslash
+    is kept so that text escaped once already (a ``repr`` in a message) is not escaped twice; what
+    matters here is that nothing a terminal acts on gets through, and nothing does.
     """
-    if text.isprintable() and "\\" not in text:
+    if text.isprintable():
         return text
-    return "".join(char if char.isprintable() and char != "\\" else _escaped(char) for char in text)
+    return "".join(char if char.isprintable() else _escaped(char) for char in text)
+
+
+def quoted(text: str, limit: int = 200) -> str:
+    """text for a one-line message: in single quotes, escaped by ``printable``, and cut after limit
+    characters (a name from a file can be megabytes long)."""
+    cut = text if len(text) <= limit else text[:limit]
+    return f"'{printable(cut)}{'...' if len(text) > limit else ''}'"

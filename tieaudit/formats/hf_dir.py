@@ -3,7 +3,8 @@
 Weight files are chosen the way transformers chooses them: ``model.safetensors``, else its index,
 else any ``*.safetensors``, else ``pytorch_model.bin`` or its index. Every file read must stay
 inside the folder, by name and by link; the one exception is a hub cache snapshot, whose files
-are links into the repository's ``blobs`` folder.
+are links into the repository's ``blobs`` folder, and only when that folder is a real folder of
+the repository (not a link: a ``blobs`` linked to ``/`` would make every file "inside").
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ import dataclasses
 import glob
 import json
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from tieaudit.bytestore import ByteStore
+from tieaudit.core.escape import printable
+from tieaudit.core.limits import TooLarge, nesting_depth_exceeds, parse_failure, read_limited
 from tieaudit.errors import InputError, UnsafeInputError
 from tieaudit.formats.hf_ties import config_ties, model_config
 from tieaudit.formats.interface import Reader
@@ -59,9 +63,28 @@ class FilePart:
     declared_ties: tuple[DeclaredTie, ...] = ()
     """Ties the file itself records (safetensors ``__metadata__``)."""
     skipped: tuple[Skipped, ...] = ()
-    """Entries the file's reader did not treat as tensors."""
+    """Entries the file's reader did not treat as tensors (at most MAX_KEPT_SKIPPED)."""
+    skipped_more: int = 0
+    """Further such entries, counted but not kept."""
     memory: dict[str, bytes] = field(default_factory=dict)
     """Storage bytes that live in memory rather than in the file, by storage id."""
+
+
+MAX_CONFIG_BYTES = 16 << 20
+"""Largest config.json read: real ones are KiB; 20 000-class id2label tables are about 1 MiB."""
+MAX_INDEX_BYTES = 64 << 20
+"""Largest shard index read: about 10 MiB lists the ~100 000 tensors of a 1T-parameter model."""
+MAX_TOKENIZER_BYTES = 64 << 20
+"""Largest tokenizer.json read (larger: a note, vocab size unknown): the biggest real ones are ~35 MiB."""
+MAX_JSON_DEPTH = 64
+"""Deepest nesting of a folder's JSON files: configs, indexes and tokenizers nest under ten levels."""
+JSON_LIMITS = {
+    CONFIG: ("MAX_CONFIG_BYTES", MAX_CONFIG_BYTES),
+    SAFE_INDEX: ("MAX_INDEX_BYTES", MAX_INDEX_BYTES),
+    TORCH_INDEX: ("MAX_INDEX_BYTES", MAX_INDEX_BYTES),
+    TOKENIZER: ("MAX_TOKENIZER_BYTES", MAX_TOKENIZER_BYTES),
+}
+"""Size limit of each JSON file a folder may hold, by name (others take the config's)."""
 
 
 def _inside(path: str, root: str) -> bool:
@@ -69,40 +92,66 @@ def _inside(path: str, root: str) -> bool:
 
 
 def hub_blobs(folder: str) -> str | None:
-    """``<repo>/blobs`` when folder is a hub cache snapshot (``<repo>/snapshots/<revision>``)."""
-    snapshots = os.path.dirname(os.path.abspath(folder))
+    """``<repo>/blobs`` when folder is a hub cache snapshot (``<repo>/snapshots/<revision>``).
+
+    The snapshot is located by its real path, so ``<repo>`` is reached through no link; ``blobs``
+    must then be a real folder in it (a link, to ``/`` or elsewhere, is no blobs folder).
+    """
+    snapshots = os.path.dirname(os.path.realpath(folder))
     if os.path.basename(snapshots) != "snapshots":
         return None
-    return os.path.realpath(os.path.join(os.path.dirname(snapshots), "blobs"))
+    blobs = os.path.join(os.path.dirname(snapshots), "blobs")
+    try:
+        status = os.lstat(blobs)
+    except OSError:
+        return None
+    return blobs if stat.S_ISDIR(status.st_mode) else None
+
+
+def _encodable(name: str) -> bool:
+    """Whether name can be a file name: no NUL byte, no lone surrogate from a JSON escape."""
+    try:
+        os.fsencode(name)
+    except UnicodeEncodeError:
+        return False
+    return "\0" not in name
 
 
 def confined_path(folder: str, name: str, listed_in: str | None = None) -> str:
     """folder/name; refuses names and links leaving the folder (hub cache snapshot -> blobs allowed)."""
     source = f" (listed in {listed_in})" if listed_in else ""
+    shown = printable(name)
+    if not _encodable(name):
+        raise InputError(f"file name '{shown}'{source} is not a valid file name", folder)
     if os.path.isabs(name) or name.startswith(("/", "\\")) or ".." in name.replace("\\", "/").split("/"):
-        raise UnsafeInputError(f"file name {name!r}{source} leaves the model folder", folder)
+        raise UnsafeInputError(f"file name '{shown}'{source} leaves the model folder", folder)
     path = os.path.join(folder, name)
     real = os.path.realpath(path)
     blobs = hub_blobs(folder)
     if not _inside(real, os.path.realpath(folder)) and not (blobs and _inside(real, blobs)):
-        raise UnsafeInputError(f"{name}{source} is a link leading outside the model folder", folder)
+        raise UnsafeInputError(f"{shown}{source} is a link leading outside the model folder", folder)
     if not os.path.isfile(real):
-        raise InputError(f"{name}{source} is missing or not a regular file", folder)
+        raise InputError(f"{shown}{source} is missing or not a regular file", folder)
     return path
 
 
 def load_json(folder: str, name: str) -> Any:
-    """Parse one JSON file of the folder, with errors naming the file."""
+    """Parse one JSON file of the folder, size and nesting bounded, with errors naming the file."""
     path = confined_path(folder, name)
+    limit_name, limit = JSON_LIMITS.get(os.path.basename(name), JSON_LIMITS[CONFIG])
     try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except (ValueError, RecursionError) as exc:
-        # ValueError covers bad UTF-8, bad JSON and integers past Python's digit limit.
-        detail = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-        raise InputError(f"{name} is not valid JSON ({detail})", folder) from exc
+        data = read_limited(path, limit, name)
+    except TooLarge as exc:
+        raise InputError(f"{exc} ({limit_name})", folder) from exc
     except OSError as exc:
         raise InputError(f"cannot read {name}: {exc.strerror or exc}", folder) from exc
+    try:
+        document = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, too many digits, too deep
+        raise InputError(f"{name} is not valid JSON ({parse_failure(exc)})", folder) from exc
+    if nesting_depth_exceeds(document, MAX_JSON_DEPTH):
+        raise InputError(f"{name} nests arrays or objects deeper than {MAX_JSON_DEPTH} levels", folder)
+    return document
 
 
 def read_index(folder: str, name: str) -> WeightSet:
@@ -159,7 +208,9 @@ def read_torch_part(folder: str, file: str) -> FilePart:
 
     with TorchReader().read(confined_path(folder, file)) as sub:
         memory = {sid: bytes(sub.store.buffer(s)) for sid, s in sub.storages.items() if s.file_offset < 0}
-        return FilePart(file, sub.tensors, dict(sub.storages), sub.declared_ties, sub.skipped, memory)
+        return FilePart(
+            file, sub.tensors, dict(sub.storages), sub.declared_ties, sub.skipped, sub.skipped_more, memory
+        )
 
 
 def rebased(part: FilePart, namespaced: bool) -> FilePart:
@@ -304,6 +355,7 @@ class HfDirReader(Reader):
             store=byte_store(folder, parts),
             declared_ties=ties,
             skipped=tuple(notes + tokenizer_notes),
+            skipped_more=sum(part.skipped_more for part in parts),
             config=model_config(config, os.path.join(folder, CONFIG), tokenizer_size, TOKENIZER),
             files=tuple(config_files + index_files + list(weights.files) + tokenizer_files),
         )

@@ -4,6 +4,13 @@ model's folder.
 Nothing here opens a file: every check uses ``os.lstat``, so a location that would leave the
 folder (``..``, an absolute path, a symlink anywhere on the way) is refused before any byte of
 it is read. The bytes are mapped later by the ByteStore, relative to the model's folder.
+
+Where onnx's loader (``onnx.load`` + ``numpy_helper.to_array``) and ONNX Runtime could read
+different bytes for one entry, the entry is refused rather than read one way: a backslash (a
+separator on Windows, a file-name character elsewhere), numbers spelled other than as plain
+digits (Python's ``int`` accepts ``+1``, `` 1`` and ``1_0``; C++ parsers do not), and a missing
+length where bytes follow the tensor (onnx reads to the end of the file, ONNX Runtime reads what
+the shape needs).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from tieaudit.core.escape import quoted
 from tieaudit.errors import InputError, UnsafeInputError
 
 _DRIVE = re.compile(r"^[A-Za-z]:")
@@ -31,86 +39,114 @@ class ExternalRange:
     """Number of bytes."""
 
 
-def _parse_int(tensor: str, key: str, value: str, model_path: str) -> int:
+def _parse_int(what: str, key: str, value: str, model_path: str) -> int:
     # At most 20 digits (2**64 has 20): int() refuses more than 4300, and no file is that large.
     if not re.fullmatch(r"[0-9]{1,20}", value):
-        raise InputError(
-            f"initializer {tensor!r}: external data {key} {value[:40]!r} is not a count", model_path
-        )
+        raise InputError(f"{what}: external data {key} {quoted(value, 40)} is not a count", model_path)
     return int(value)
 
 
-def parse_entries(
-    tensor: str, entries: Iterable[tuple[str, str]], expected: int, model_path: str
-) -> tuple[str, int, int]:
-    """``(location, offset, length)`` from ``external_data`` key/value pairs.
-
-    A missing length means ``expected`` (numel * itemsize); a different one is an error.
-    """
-    fields = dict(entries)
-    location = fields.get("location", "")
-    if not location:
-        raise InputError(f"initializer {tensor!r}: external data has no location", model_path)
-    offset = _parse_int(tensor, "offset", fields["offset"], model_path) if "offset" in fields else 0
-    length = _parse_int(tensor, "length", fields["length"], model_path) if "length" in fields else expected
-    if length != expected:
-        raise InputError(
-            f"initializer {tensor!r}: external data length {length} does not match its shape "
-            f"and dtype ({expected} bytes)",
-            model_path,
-        )
-    return location, offset, length
-
-
-def location_parts(tensor: str, location: str, model_path: str) -> list[str]:
-    """The components of a relative location; refuses absolute paths and ``..``."""
-    refuse = f"initializer {tensor!r}: external data location {location!r}"
+def location_parts(what: str, location: str, model_path: str) -> list[str]:
+    """The components of a relative location; refuses absolute paths, ``..`` and backslashes."""
+    refuse = f"{what}: external data location {quoted(location)}"
     if "\x00" in location:
         raise UnsafeInputError(f"{refuse} contains a NUL byte", model_path)
-    # Backslashes count as separators too: the same file is read on Windows as well.
+    # Backslashes count as separators for these checks: the same file is read on Windows as well.
     if location.startswith(("/", "\\")) or _DRIVE.match(location) or os.path.isabs(location):
         raise UnsafeInputError(f"{refuse} is absolute; only the model's folder is read", model_path)
-    parts = [part for part in re.split(r"[/\\]", location) if part not in ("", ".")]
-    if ".." in parts:
+    if ".." in re.split(r"[/\\]", location):
         raise UnsafeInputError(f"{refuse} contains '..'; only the model's folder is read", model_path)
-    if not parts:
-        raise InputError(f"{refuse} names no file", model_path)
-    return parts
-
-
-def _lstat_components(model_dir: str, parts: list[str], refuse: str, model_path: str) -> os.stat_result:
-    current = model_dir
-    status: os.stat_result | None = None
-    for part in parts:
-        current = os.path.join(current, part)
-        try:
-            status = os.lstat(current)
-        except FileNotFoundError as exc:
-            raise InputError(f"{refuse}: {current} does not exist", model_path) from exc
-        except OSError as exc:
-            raise InputError(f"{refuse}: cannot stat {current}: {exc.strerror or exc}", model_path) from exc
-        if stat.S_ISLNK(status.st_mode):
-            raise UnsafeInputError(f"{refuse} goes through the symbolic link {current}", model_path)
-    assert status is not None  # parts is never empty
-    return status
-
-
-def confine(
-    tensor: str, location: str, offset: int, length: int, model_dir: str, model_path: str
-) -> ExternalRange:
-    """Check that ``location`` is a regular file inside ``model_dir`` holding ``offset + length`` bytes."""
-    parts = location_parts(tensor, location, model_path)
-    refuse = f"initializer {tensor!r}: external data location {location!r}"
-    status = _lstat_components(model_dir, parts, refuse, model_path)
-    if not stat.S_ISREG(status.st_mode):
-        raise InputError(f"{refuse} is not a regular file", model_path)
-    root = os.path.realpath(model_dir)
-    resolved = os.path.realpath(os.path.join(model_dir, *parts))
-    if os.path.commonpath([root, resolved]) != root:
-        raise UnsafeInputError(f"{refuse} resolves to {resolved}, outside the model's folder", model_path)
-    if offset + length > status.st_size:
+    if "\\" in location:
         raise InputError(
-            f"{refuse}: bytes {offset}..{offset + length} run past the end of the {status.st_size}-byte file",
+            f"{refuse} contains a backslash, a folder separator on Windows but part of the file "
+            "name elsewhere: loaders could read different files",
             model_path,
         )
-    return ExternalRange("/".join(parts), offset, length)
+    parts = location.split("/")
+    if parts[-1] in ("", "."):
+        raise InputError(f"{refuse} names a folder, not a file", model_path)
+    return [part for part in parts if part not in ("", ".")]
+
+
+class ExternalFiles:
+    """Confines external-data locations to one model's folder; each location is checked once."""
+
+    def __init__(self, model_dir: str, model_path: str) -> None:
+        self.model_dir = model_dir
+        self.model_path = model_path
+        self.root = os.path.realpath(model_dir)
+        self._checked: dict[str, tuple[str, int]] = {}
+
+    def _lstat_components(self, parts: list[str], refuse: str) -> os.stat_result:
+        current = self.model_dir
+        status: os.stat_result | None = None
+        for part in parts:
+            current = os.path.join(current, part)
+            try:
+                status = os.lstat(current)
+            except FileNotFoundError as exc:
+                raise InputError(f"{refuse}: {quoted(current)} does not exist", self.model_path) from exc
+            except OSError as exc:
+                raise InputError(
+                    f"{refuse}: cannot stat {quoted(current)}: {exc.strerror or exc}", self.model_path
+                ) from exc
+            if stat.S_ISLNK(status.st_mode):
+                raise UnsafeInputError(
+                    f"{refuse} goes through the symbolic link {quoted(current)}", self.model_path
+                )
+        assert status is not None  # parts is never empty
+        return status
+
+    def file(self, what: str, location: str) -> tuple[str, int]:
+        """(normalised location, size) of a regular file inside the model's folder."""
+        known = self._checked.get(location)
+        if known is not None:
+            return known
+        parts = location_parts(what, location, self.model_path)
+        refuse = f"{what}: external data location {quoted(location)}"
+        status = self._lstat_components(parts, refuse)
+        if not stat.S_ISREG(status.st_mode):
+            raise InputError(f"{refuse} is not a regular file", self.model_path)
+        resolved = os.path.realpath(os.path.join(self.model_dir, *parts))
+        if os.path.commonpath([self.root, resolved]) != self.root:
+            raise UnsafeInputError(
+                f"{refuse} resolves to {quoted(resolved)}, outside the model's folder", self.model_path
+            )
+        self._checked[location] = ("/".join(parts), status.st_size)
+        return self._checked[location]
+
+    def extent(self, what: str, entries: Iterable[tuple[str, str]], expected: int | None) -> ExternalRange:
+        """The confined byte range ``entries`` name; ``expected`` is the byte count the tensor's
+        shape and dtype need (None for a tensor tieaudit does not read: only the range is checked)."""
+        fields = dict(entries)  # a repeated key: the last counts, for onnx and ONNX Runtime alike
+        location = fields.get("location", "")
+        if not location:
+            raise InputError(f"{what}: external data has no location", self.model_path)
+        offset = _parse_int(what, "offset", fields["offset"], self.model_path) if "offset" in fields else 0
+        given = _parse_int(what, "length", fields["length"], self.model_path) if "length" in fields else None
+        if given is not None and expected is not None and given != expected:
+            raise InputError(
+                f"{what}: external data length {given} does not match its shape and dtype ({expected} bytes)",
+                self.model_path,
+            )
+        file, size = self.file(what, location)
+        if given is not None:
+            length = given
+        elif expected is None:
+            length = max(size - offset, 0)  # onnx reads from offset to the end of the file
+        else:
+            length = expected
+            if offset <= size and size - offset > expected:
+                raise InputError(
+                    f"{what}: external data has no length and {quoted(file)} holds {size - offset} "
+                    f"bytes after offset {offset}, not the {expected} its shape and dtype need "
+                    "(onnx would read them all, ONNX Runtime only the first)",
+                    self.model_path,
+                )
+        if offset > size or offset + length > size:
+            raise InputError(
+                f"{what}: external data location {quoted(location)}: bytes {offset}..{offset + length} "
+                f"run past the end of the {size}-byte file",
+                self.model_path,
+            )
+        return ExternalRange(file, offset, length)

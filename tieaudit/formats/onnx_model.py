@@ -3,9 +3,11 @@
 Tensors come from the main graph and every subgraph (If/Loop/Scan attributes, recursively).
 Embedded bytes are held in memory; external data is located by tieaudit itself (see
 ``onnx_external``), never by onnx's loader, so a hostile location cannot make us read outside
-the model's folder. The consumer map records every node input slot that reads a tensor,
-resolving names the way ONNX scoping does (a subgraph sees its outer graphs' values) and
-seeing through Identity nodes.
+the model's folder. Tensors tieaudit does not read (sparse initializers, other operators'
+attribute tensors, functions, training graphs, skipped dtypes) have their external data
+confined all the same (``onnx_tensors``): a loader given this model would open those files too.
+The consumer map records every node input slot that reads a tensor, resolving names the way
+ONNX scoping does (a subgraph sees its outer graphs' values) and seeing through Identity nodes.
 """
 
 from __future__ import annotations
@@ -16,12 +18,15 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from tieaudit.bytestore import ByteStore
+from tieaudit.core.escape import quoted
+from tieaudit.core.limits import bounded_product
 from tieaudit.dtypes import itemsize
 from tieaudit.errors import InputError, one_line
 from tieaudit.formats.interface import Reader
-from tieaudit.formats.onnx_external import confine, parse_entries
+from tieaudit.formats.onnx_external import ExternalFiles
+from tieaudit.formats.onnx_tensors import every_tensor
 from tieaudit.formats.safetensors import TIES_METADATA_KEY, tieaudit_ties
-from tieaudit.formats.viewable import check_viewable
+from tieaudit.formats.viewable import MAX_BYTES, MAX_DIMS, check_viewable
 from tieaudit.model import (
     Checkpoint,
     Consumer,
@@ -146,6 +151,7 @@ class _Collector:
         self.model_dir = os.path.dirname(os.path.abspath(path))
         self.model_file = os.path.basename(path)
         self.store = ByteStore(self.model_dir)
+        self.external = ExternalFiles(self.model_dir, path)
         self.tensors: list[TensorInfo] = []
         self.storages: dict[str, StorageInfo] = {}
         self.consumers: dict[str, list[Consumer]] = {}
@@ -174,7 +180,10 @@ class _Collector:
         try:
             type_name = onnx.TensorProto.DataType.Name(proto.data_type)
         except ValueError:
-            type_name = f"#{proto.data_type}"
+            type_name = "UNDEFINED"  # a number no ONNX version defines
+        if type_name == "UNDEFINED":  # no loader can decode it: not a tensor of some other type
+            message = f"tensor {quoted(name)} has data type {proto.data_type}, which ONNX does not define"
+            raise InputError(message, self.path)
         dtype = ONNX_DTYPES.get(type_name)
         if dtype is None:
             self.skipped.append(Skipped(name, f"ONNX data type {type_name} is not supported"))
@@ -182,13 +191,17 @@ class _Collector:
         if proto.HasField("segment"):
             self.skipped.append(Skipped(name, "segmented tensor (a part of a larger tensor)"))
             return None
+        if len(proto.dims) > MAX_DIMS:  # counted before a single dimension is copied out
+            count = len(proto.dims)
+            raise InputError(
+                f"tensor {quoted(name)} has {count} dimensions; at most {MAX_DIMS} can be viewed", self.path
+            )
         shape = tuple(proto.dims)
         if any(dim < 0 for dim in shape):
-            raise InputError(f"tensor {name!r} has a negative dimension {list(shape)}", self.path)
-        check_viewable(name, shape, contiguous_strides(shape), itemsize(dtype), 0, self.path)
-        numel = 1
-        for dim in shape:
-            numel *= dim
+            raise InputError(f"tensor {quoted(name)} has a negative dimension {list(shape)}", self.path)
+        check_viewable(name, shape, (), itemsize(dtype), 0, self.path)
+        numel = bounded_product(shape, MAX_BYTES)
+        assert numel is not None  # check_viewable bounds it
         if proto.data_location == onnx.TensorProto.EXTERNAL:
             storage = self._external(proto, name, dtype, numel * itemsize(dtype))
         else:
@@ -231,13 +244,18 @@ class _Collector:
             )
         return array.tobytes()
 
-    def _external(self, proto: TensorProto, name: str, dtype: str, expected: int) -> StorageInfo:
-        entries = [
-            (_text(entry.key, "external data key", self.path), _text(entry.value, "external data", self.path))
+    def _entries(self, proto: TensorProto, what: str) -> list[tuple[str, str]]:
+        return [
+            (
+                _text(entry.key, f"{what}: external data key", self.path),
+                _text(entry.value, f"{what}: external data", self.path),
+            )
             for entry in proto.external_data
         ]
-        location, offset, length = parse_entries(name, entries, expected, self.path)
-        extent = confine(name, location, offset, length, self.model_dir, self.path)
+
+    def _external(self, proto: TensorProto, name: str, dtype: str, expected: int) -> StorageInfo:
+        what = f"initializer {quoted(name)}"
+        extent = self.external.extent(what, self._entries(proto, what), expected)
         # Two initializers naming the very same bytes are one storage; an empty range aliases nothing.
         key = (extent.file, extent.offset, extent.length)
         storage_id = self.ranges.setdefault(key, name) if extent.length else name
@@ -246,6 +264,14 @@ class _Collector:
             if extent.file not in self.files:
                 self.files.append(extent.file)
         return self.storages[storage_id]
+
+    def confine_unread(self, model: ModelProto) -> None:
+        """Confine the external data of every tensor in the model, read or not (see onnx_tensors)."""
+        import onnx
+
+        for where, proto in every_tensor(model):
+            if proto.data_location == onnx.TensorProto.EXTERNAL:
+                self.external.extent(where, self._entries(proto, where), None)
 
     def _constant(self, node: NodeProto, graph_path: str) -> str | None:
         output = _text(node.output[0], "value name", self.path)
@@ -271,7 +297,7 @@ class _Collector:
             scope[init.name] = self.add_tensor(init, init.name, graph_path)
         for sparse in graph.sparse_initializer:
             sparse_name = _text(sparse.values.name, "sparse initializer name", self.path)
-            self.skipped.append(Skipped(sparse_name, "sparse initializer"))
+            self.skipped.append(Skipped(sparse_name, "sparse initializer (external data confined, not read)"))
             scope[sparse.values.name] = None
         for node in graph.node:
             for output in node.output:
@@ -352,6 +378,7 @@ class OnnxReader(Reader):
         model = load_model(path)
         collector = _Collector(path)
         collector.walk(model.graph, "", ChainMap())
+        collector.confine_unread(model)
         # tieaudit retie records the copies it removed (and how to restore them) in metadata_props.
         record = next((p.value for p in model.metadata_props if p.key == TIES_METADATA_KEY), None)
         where = f"{os.path.basename(path)}:metadata_props"

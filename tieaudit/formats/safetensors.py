@@ -1,8 +1,14 @@
 """safetensors: 8-byte little-endian header length, a JSON header, then raw bytes.
 
-Each tensor is its own storage (the format cannot alias). The header is validated the way the
-reference implementation does (offsets in order, contiguous, matching the shapes) so that a
-hostile header cannot make a view reach outside its tensor.
+Each tensor is its own storage (the format cannot alias). A header is accepted only where the
+safetensors library (``Metadata::validate`` in its ``tensor.rs``, and serde_json's parser, see
+``safetensors_json``) accepts it: offsets sorted, contiguous from 0, each tensor's span exactly
+its shape times its dtype, computed without overflowing a u64, and the last tensor ending at the
+last byte of the file. Where tieaudit refuses what the library accepts, the message says why:
+duplicate keys (loaders differ on which one counts), shapes no numpy view can hold, dtypes
+tieaudit does not read (4- and 6-bit, exponent-only), and entries spelled as lists or dtypes as
+objects (only serde reads those spellings). tests/test_differential_safetensors.py holds both
+lists against the library.
 """
 
 from __future__ import annotations
@@ -13,10 +19,13 @@ import struct
 from dataclasses import dataclass
 
 from tieaudit.bytestore import ByteStore
+from tieaudit.core.escape import quoted
+from tieaudit.core.limits import U64_MAX, bounded_product, shown_dims
 from tieaudit.dtypes import ITEMSIZE, itemsize
-from tieaudit.errors import InputError
+from tieaudit.errors import InputError, UnsupportedFormatError
 from tieaudit.formats.interface import Reader
-from tieaudit.formats.viewable import check_viewable
+from tieaudit.formats.safetensors_json import DuplicateKeyError, HeaderJsonError, parse_header_json
+from tieaudit.formats.viewable import MAX_DIMS, check_viewable
 from tieaudit.model import Checkpoint, DeclaredBy, DeclaredTie, StorageInfo, TensorInfo, contiguous_strides
 
 MAX_HEADER_BYTES = 100_000_000  # the limit safetensors itself enforces
@@ -31,7 +40,6 @@ SAFETENSORS_DTYPES: dict[str, str] = {
     "F8_E4M3FNUZ": "float8_e4m3fnuz",
     "F8_E5M2FNUZ": "float8_e5m2fnuz",
     "C64": "complex64",
-    "C128": "complex128",
     "I64": "int64",
     "I32": "int32",
     "I16": "int16",
@@ -42,6 +50,12 @@ SAFETENSORS_DTYPES: dict[str, str] = {
     "U8": "uint8",
     "BOOL": "bool",
 }
+"""The library's dtype names (exact spelling; it has no C128) -> canonical dtypes."""
+
+UNVIEWED_DTYPES = frozenset({"F4", "F6_E2M3", "F6_E3M2", "F8_E8M0"})
+"""Dtypes the library knows that tieaudit does not read (4- and 6-bit elements, exponent-only
+scales; its torch reader skips the last too). A file holding one is refused by name: skipping the
+tensor would let retie write a copy without it."""
 
 TIES_METADATA_KEY = "tieaudit.ties"
 """Namespaced metadata key for relations other loaders do not restore (transposed, cast)."""
@@ -59,33 +73,106 @@ class SafetensorsHeader:
     """The ``__metadata__`` map (empty when absent)."""
 
 
+@dataclass(frozen=True)
+class _Entry:
+    """One tensor entry of the header, its fields checked one by one."""
+
+    name: str
+    """The key, as stored."""
+    dtype: str
+    """Canonical dtype."""
+    shape: tuple[int, ...]
+    """Dimensions, each at most U64_MAX."""
+    begin: int
+    """First byte, relative to the end of the header."""
+    end: int
+    """One past the last byte, relative to the end of the header."""
+
+
 def _first_line(exc: BaseException) -> str:
     return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
 
 
-def _parse_entry(name: str, entry: object, path: str) -> tuple[str, tuple[int, ...], int, int]:
+def _is_u64(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= U64_MAX
+
+
+def _shown(value: object) -> str:
+    """A JSON value from the header for a message, never more than a few dozen characters."""
+    if isinstance(value, (dict, list)):
+        return "an object" if isinstance(value, dict) else f"a list of {len(value)}"
+    text = value if isinstance(value, str) else json.dumps(value)
+    return quoted(text, 40)
+
+
+def _why_not_u64(value: object) -> str:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "is not an integer"
+    if value > U64_MAX:  # an integer past 2**64-1 arrives as a float, as serde_json reads it
+        return "is too large (at most 2**64-1)"
+    return "is negative" if value < 0 else "is not an integer"
+
+
+def _dtype(name: str, code: object, path: str) -> str:
+    if isinstance(code, str) and code in SAFETENSORS_DTYPES:
+        return SAFETENSORS_DTYPES[code]
+    if isinstance(code, str) and code in UNVIEWED_DTYPES:
+        message = f"tensor {quoted(name)} has dtype {code}, which tieaudit does not read"
+        raise UnsupportedFormatError(message, path)
+    spelled = _shown(code) if isinstance(code, str) else f"{_shown(code)} (not a string)"
+    raise InputError(f"tensor {quoted(name)} has unknown dtype {spelled}", path)
+
+
+def _parse_entry(name: str, entry: object, path: str) -> _Entry:
+    tensor = f"tensor {quoted(name)}"
     if not isinstance(entry, dict):
-        raise InputError(f"header entry {name!r} is not an object", path)
-    dtype_code = entry.get("dtype")
-    if not isinstance(dtype_code, str) or dtype_code not in SAFETENSORS_DTYPES:
-        raise InputError(f"tensor {name!r} has unknown dtype {dtype_code!r}", path)
-    shape = entry.get("shape")
-    if not isinstance(shape, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-    ):
-        raise InputError(f"tensor {name!r} has an invalid shape {shape!r}", path)
-    offsets = entry.get("data_offsets")
-    if (
-        not isinstance(offsets, list)
-        or len(offsets) != 2
-        or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
-    ):
-        raise InputError(f"tensor {name!r} has invalid data_offsets {offsets!r}", path)
-    return SAFETENSORS_DTYPES[dtype_code], tuple(shape), offsets[0], offsets[1]
+        message = f"header entry {quoted(name)} is not an object with dtype, shape and data_offsets"
+        raise InputError(message, path)
+    for field in ("dtype", "shape", "data_offsets"):
+        if field not in entry:
+            raise InputError(f"{tensor} has no {field}", path)
+    dtype = _dtype(name, entry["dtype"], path)
+    shape = entry["shape"]
+    if not isinstance(shape, list):
+        raise InputError(f"{tensor} has a shape that is not a list ({_shown(shape)})", path)
+    if len(shape) > MAX_DIMS:  # counted before any dimension is looked at
+        raise InputError(f"{tensor} has {len(shape)} dimensions; at most {MAX_DIMS} can be viewed", path)
+    if not all(_is_u64(dim) for dim in shape):
+        wrong = next(dim for dim in shape if not _is_u64(dim))
+        why = _why_not_u64(wrong)
+        raise InputError(f"{tensor} has an invalid shape: dimension {_shown(wrong)} {why}", path)
+    offsets = entry["data_offsets"]
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_u64(o) for o in offsets)):
+        raise InputError(f"{tensor} has invalid data_offsets {_shown(offsets)} (two integers)", path)
+    return _Entry(name, dtype, tuple(shape), offsets[0], offsets[1])
 
 
-def read_header(path: str, file: str) -> SafetensorsHeader:
-    """Read and validate the header of one safetensors file (``file`` is its relative name)."""
+def _check_span(entry: _Entry, expected_begin: int, path: str) -> None:
+    """The library's per-tensor rules, in its order: offsets, then overflow, then the byte count."""
+    name, begin, end = quoted(entry.name), entry.begin, entry.end
+    if begin != expected_begin or end < begin:
+        raise InputError(
+            f"tensor {name} data_offsets [{begin}, {end}] overlap or leave a gap "
+            f"(expected to start at {expected_begin})",
+            path,
+        )
+    numel = bounded_product(entry.shape, U64_MAX)
+    nbits = None if numel is None else bounded_product((numel, 8 * itemsize(entry.dtype)), U64_MAX)
+    if numel is None or nbits is None:
+        raise InputError(
+            f"tensor {name}: shape {shown_dims(entry.shape)} of {entry.dtype} overflows a 64-bit byte count",
+            path,
+        )
+    if end - begin != nbits // 8:
+        raise InputError(
+            f"tensor {name}: shape {shown_dims(entry.shape)} of {entry.dtype} needs {nbits // 8} bytes, "
+            f"data_offsets give {end - begin}",
+            path,
+        )
+
+
+def _read_raw(path: str) -> tuple[bytes, int]:
+    """The header's bytes and the file's size."""
     try:
         with open(path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
@@ -101,53 +188,58 @@ def read_header(path: str, file: str) -> SafetensorsHeader:
                 raise InputError(
                     f"header length {header_len} runs past the end of the {size}-byte file", path
                 )
-            raw = handle.read(header_len)
+            return handle.read(header_len), size
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror or exc}", path) from exc
+
+
+def _metadata(header: dict[str, object], path: str) -> dict[str, str]:
+    metadata = header.pop("__metadata__", None)
+    if metadata is None:  # absent, or null: the library reads both as no metadata
+        return {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise InputError("__metadata__ must map strings to strings", path)
+    return metadata
+
+
+def read_header(path: str, file: str) -> SafetensorsHeader:
+    """Read and validate the header of one safetensors file (``file`` is its relative name)."""
+    raw, size = _read_raw(path)
     try:
-        header = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        # ValueError covers bad UTF-8, bad JSON and integers past Python's digit limit.
+        header = parse_header_json(raw)
+    except DuplicateKeyError as exc:
+        raise InputError(f"header is ambiguous: {exc}", path) from exc
+    except (HeaderJsonError, RecursionError) as exc:
         raise InputError(f"header is not valid JSON ({_first_line(exc)})", path) from exc
     if not isinstance(header, dict):
         raise InputError("header is not a JSON object", path)
-    metadata = header.pop("__metadata__", None) or {}
-    if not isinstance(metadata, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
-    ):
-        raise InputError("__metadata__ must map strings to strings", path)
-    data_start = 8 + header_len
+    metadata = _metadata(header, path)
+    data_start = 8 + len(raw)
+    # Sorted by offsets, as the library sorts them before validating.
     entries = sorted(
-        ((name, *_parse_entry(name, entry, path)) for name, entry in header.items()),
-        key=lambda item: (item[3], item[4]),
+        (_parse_entry(name, entry, path) for name, entry in header.items()),
+        key=lambda item: (item.begin, item.end),
     )
     tensors: list[TensorInfo] = []
     storages: dict[str, StorageInfo] = {}
     expected_begin = 0
-    for name, dtype, shape, begin, end in entries:
-        if begin != expected_begin or end < begin:
-            raise InputError(
-                f"tensor {name!r} data_offsets [{begin}, {end}] overlap or leave a gap "
-                f"(expected to start at {expected_begin})",
-                path,
-            )
-        numel = 1
-        for dim in shape:
-            numel *= dim
-        if end - begin != numel * itemsize(dtype):
-            raise InputError(
-                f"tensor {name!r}: shape {list(shape)} of {dtype} needs {numel * itemsize(dtype)} bytes, "
-                f"data_offsets give {end - begin}",
-                path,
-            )
-        expected_begin = end
-        storages[name] = StorageInfo(name, file, data_start + begin, end - begin, dtype)
-        strides = contiguous_strides(shape)
-        check_viewable(name, shape, strides, itemsize(dtype), 0, path)
-        tensors.append(TensorInfo(name, dtype, shape, strides, name, 0, file))
+    for entry in entries:
+        _check_span(entry, expected_begin, path)
+        expected_begin = entry.end
+        name, dtype, shape = entry.name, entry.dtype, entry.shape
+        storages[name] = StorageInfo(name, file, data_start + entry.begin, entry.end - entry.begin, dtype)
+        check_viewable(name, shape, (), itemsize(dtype), 0, path)  # bounds the strides' products
+        tensors.append(TensorInfo(name, dtype, shape, contiguous_strides(shape), name, 0, file))
     if data_start + expected_begin > size:
         raise InputError(
             f"truncated: tensors need {data_start + expected_begin} bytes, the file has {size}", path
+        )
+    if data_start + expected_begin < size:
+        uncovered = size - data_start - expected_begin
+        raise InputError(
+            f"{uncovered} bytes after the last tensor belong to no tensor; the safetensors library "
+            "refuses such files, and other readers could find data there",
+            path,
         )
     return SafetensorsHeader(tuple(tensors), storages, dict(metadata))
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from tieaudit.core.limits import NPY_INTP_MAX, bounded_product, shown_dims
 from tieaudit.errors import InputError
 
 MAX_DIMS = 64
 """numpy's limit on dimensions (NPY_MAXDIMS)."""
-MAX_BYTES = 2**63 - 1
+MAX_BYTES = NPY_INTP_MAX
 """Largest byte extent, stride or offset a numpy view can express (npy_intp)."""
 
 
@@ -23,8 +24,8 @@ def check_viewable(
     if len(shape) > MAX_DIMS:
         count = len(shape)
         raise InputError(f"tensor {name!r} has {count} dimensions; at most {MAX_DIMS} can be viewed", path)
-    extent = itemsize
-    for dim in shape:
-        extent *= max(dim, 1)  # numpy checks the size as if empty dimensions were 1
-    if extent > MAX_BYTES or byte_offset > MAX_BYTES or any(abs(s) * itemsize > MAX_BYTES for s in strides):
-        raise InputError(f"tensor {name!r}: shape or strides too large to address ({list(shape)[:8]})", path)
+    # numpy checks the size as if empty dimensions were 1; the bound is checked before multiplying.
+    extent = bounded_product([itemsize, *(max(dim, 1) for dim in shape)], MAX_BYTES)
+    if extent is None or byte_offset > MAX_BYTES or any(abs(s) > MAX_BYTES // itemsize for s in strides):
+        shown = shown_dims(shape)
+        raise InputError(f"tensor {name!r}: shape or strides too large to address ({shown})", path)

@@ -172,7 +172,8 @@ def make_plan(
     """Decide, for every copy in the checkpoint, whether and how it becomes a tie again."""
     ckpt = graph.checkpoint
     chosen = DEFAULT_RELATIONS[ckpt.format] if relations is None else relations
-    groups = find_copies(ckpt, ALL_RELATIONS, min_bytes, lookup_tables(ckpt))
+    sources = frozenset(s.tie.source for s in graph.ties)
+    groups = find_copies(ckpt, ALL_RELATIONS, min_bytes, lookup_names=lookup_tables(ckpt), sources=sources)
     covered = {name for group in groups for name in group.names}
     groups += _declared_equal_groups(graph, covered)
     if keep is not None:

@@ -46,6 +46,7 @@ def restored_array(ckpt: Checkpoint, source: Source) -> np.ndarray:
     if source.relation == "transposed":
         return array.T
     if source.relation == "cast" and source.dtype is not None:
-        cast: np.ndarray = array.astype(to_numpy(source.dtype))
+        with np.errstate(all="ignore"):
+            cast: np.ndarray = array.astype(to_numpy(source.dtype))
         return cast
     return array

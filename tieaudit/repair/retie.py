@@ -1,25 +1,38 @@
 """retie: plan -> write to a staging folder beside OUT -> re-read and verify -> fsync -> rename.
 
-The input is never modified. OUT appears only after the output has been read back and every
-original name compared bit for bit with the input; any failure removes the staging folder.
+The input is never modified. OUT appears only after the output has been read back (by tieaudit's
+readers and by the format's reference loader) and every original name compared bit for bit with
+the input; any failure, SIGINT or SIGTERM removes the staging folder. Paths, publishing and
+--in-place are in repair.publish.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import shutil
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from tieaudit.errors import OutputError, UsageError
+from tieaudit.core.fsops import fsync_path
+from tieaudit.core.interrupts import SignalGuard, signals_guarded, worker_pool
+from tieaudit.errors import OutputError, TieauditError, UsageError
 from tieaudit.formats import open_checkpoint
 from tieaudit.graph import build_graph
-from tieaudit.model import Format
+from tieaudit.model import Checkpoint, Format
 from tieaudit.repair.interface import Writer
 from tieaudit.repair.plan import RetiePlan, make_plan
-from tieaudit.repair.verify import verify_output
+from tieaudit.repair.publish import (
+    BACKUP_SUFFIX,
+    RetiePaths,
+    check_paths,
+    publish,
+    publish_in_place,
+    stage_path,
+)
+from tieaudit.repair.reference import ReferenceMismatch
+from tieaudit.repair.verify import VerificationError, verify_output
 
 _WRITERS: dict[Format, tuple[str, str]] = {
     "safetensors": ("tieaudit.repair.safetensors_writer", "SafetensorsWriter"),
@@ -45,6 +58,8 @@ class RetieResult:
     """Bytes of the input's files."""
     output_bytes: int
     """Bytes of the output's files (0 for a dry run)."""
+    notes: tuple[str, ...] = ()
+    """Traces of interrupted runs found and cleaned up (stale staging folders)."""
 
 
 def _writer(format: Format) -> Writer:
@@ -59,70 +74,9 @@ def _size(path: str) -> int:
     return os.path.getsize(path)
 
 
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _fsync_all(files: list[str]) -> None:
     for file in files:
-        _fsync(file)
-
-
-def _check_paths(source: str, out: str, in_place: bool) -> None:
-    same = os.path.exists(out) and os.path.samefile(source, out)
-    if same and not in_place:
-        raise UsageError("OUT is the input; pass --in-place to replace it (a backup is kept)", out)
-    if in_place and not same:
-        raise UsageError("--in-place needs OUT to be the input itself", out)
-    if not same and (os.path.exists(out) or os.path.islink(out)):
-        raise UsageError("OUT already exists; remove it or choose another path", out)
-    folder = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(folder):
-        raise UsageError("the folder for OUT does not exist", out)
-
-
-def _stage_name(out: str) -> str:
-    """A staging folder beside OUT; stale ones from killed runs (dead pid) are removed first."""
-    folder, base = os.path.split(os.path.abspath(out))
-    prefix = f".{base}.tieaudit-stage-"
-    for entry in os.listdir(folder):
-        pid = entry[len(prefix) :]
-        if entry.startswith(prefix) and pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(os.path.join(folder, entry), ignore_errors=True)
-    return os.path.join(folder, f"{prefix}{os.getpid()}")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _publish(stage: str, out: str, backup: str | None) -> None:
-    """Move the staged entries beside OUT, the main one last, so a visible OUT is complete."""
-    folder, base = os.path.split(os.path.abspath(out))
-    entries = sorted(os.listdir(stage), key=lambda e: e == base)
-    if backup is not None and len(entries) > 1:
-        raise UsageError(
-            "--in-place cannot replace a model with side files (external data); write a new OUT", out
-        )
-    for entry in entries:
-        target = os.path.join(folder, entry)
-        if entry != base and os.path.exists(target):
-            raise UsageError(f"{entry} already exists beside OUT; it would be overwritten", target)
-    if backup is not None:
-        os.rename(out, backup)
-    for entry in entries:
-        os.rename(os.path.join(stage, entry), os.path.join(folder, entry))
-    _fsync(folder)
+        fsync_path(file)
 
 
 def retie(
@@ -135,44 +89,67 @@ def retie(
     min_bytes: int = 1024,
 ) -> RetieResult:
     """Turn the copies in source back into ties and write the result to out, verified."""
-    if not os.path.exists(source):
+    paths = None if dry_run else check_paths(source, out, in_place)
+    if paths is None and not os.path.exists(source):
         raise UsageError("no such file or folder", source)
-    backup = None
-    if not dry_run:
-        _check_paths(source, out, in_place)
-        backup = _backup_name(out) if in_place else None
-    with open_checkpoint(source) as ckpt:
-        plan = make_plan(build_graph(ckpt), relations, keep, min_bytes)
+    try:
+        return _retie(source, out, paths, relations, keep, min_bytes)
+    except TieauditError as exc:
+        if paths is not None and exc.path == paths.source.path:
+            exc.path = source  # IN as the user typed it, not as resolved
+        raise
+
+
+def _retie(
+    source: str,
+    out: str,
+    paths: RetiePaths | None,
+    relations: frozenset[str] | None,
+    keep: str | None,
+    min_bytes: int,
+) -> RetieResult:
+    with open_checkpoint(source if paths is None else paths.source.path) as ckpt:
+        plan = dataclasses.replace(make_plan(build_graph(ckpt), relations, keep, min_bytes), path=source)
         # A folder is measured whole, like the output folder; a file with its external data.
-        root = os.path.dirname(os.path.abspath(source))
-        single = not os.path.isdir(source) and ckpt.files
-        input_bytes = sum(_size(os.path.join(root, f)) for f in ckpt.files) if single else _size(source)
-        if dry_run:
+        root = os.path.dirname(os.path.abspath(ckpt.path))
+        single = not os.path.isdir(ckpt.path) and ckpt.files
+        input_bytes = sum(_size(os.path.join(root, f)) for f in ckpt.files) if single else _size(ckpt.path)
+        if paths is None:
             return RetieResult(plan, None, None, input_bytes, 0)
-        stage = _stage_name(out)
         try:
-            os.mkdir(stage)
-            staged = os.path.join(stage, os.path.basename(os.path.abspath(out)))
-            files = _writer(ckpt.format).write(ckpt, plan, staged)
-            # Flushing to disk and reading back overlap; the rename waits for both.
-            with ThreadPoolExecutor(max_workers=1) as pool:
-                syncing = pool.submit(_fsync_all, files)
-                verify_output(ckpt, staged)
-                syncing.result()
-            output_bytes = _size(staged) + sum(
-                _size(os.path.join(stage, e)) for e in os.listdir(stage) if e != os.path.basename(staged)
-            )
-            before_rename(staged)
-            _publish(stage, out, backup)
+            with signals_guarded() as guard:
+                output_bytes, notes = _write_and_publish(ckpt, plan, paths, guard)
         except OSError as exc:  # disk full, quota, permissions: OUT never appears
             raise OutputError(f"cannot write: {exc.strerror or exc}", out) from exc
-        finally:
+    backup = None if paths.backup is None else out + BACKUP_SUFFIX
+    return RetieResult(plan, out, backup, input_bytes, output_bytes, tuple(notes))
+
+
+def _write_and_publish(
+    ckpt: Checkpoint, plan: RetiePlan, paths: RetiePaths, guard: SignalGuard
+) -> tuple[int, list[str]]:
+    """Write in the stage, verify, publish; the stage is removed whatever happens (signals included)."""
+    stage, notes = stage_path(paths.out)
+    try:
+        os.mkdir(stage)
+        staged = os.path.join(stage, paths.out.name)
+        files = _writer(ckpt.format).write(ckpt, plan, staged)
+        # Flushing to disk and reading back overlap; the rename waits for both.
+        with worker_pool(1, "fsync") as pool:
+            syncing = pool.submit(_fsync_all, files)
+            try:
+                verify_output(ckpt, staged)
+            except (VerificationError, ReferenceMismatch) as exc:  # named as OUT: the stage goes away
+                raise type(exc)(f"{exc.message}; nothing was written", paths.out_given) from exc
+            syncing.result()
+        output_bytes = sum(_size(os.path.join(stage, entry)) for entry in os.listdir(stage))
+        before_rename(staged)
+        with guard.deferred():  # a signal now waits until OUT (or IN and IN.bak) is whole
+            if paths.backup is None:
+                publish(stage, paths)
+            else:
+                publish_in_place(stage, paths)
+    finally:
+        with guard.deferred():
             shutil.rmtree(stage, ignore_errors=True)
-    return RetieResult(plan, out, backup, input_bytes, output_bytes)
-
-
-def _backup_name(out: str) -> str:
-    backup = out.rstrip("/") + ".bak"
-    if os.path.exists(backup):
-        raise UsageError("the backup path already exists; move it away first", backup)
-    return backup
+    return output_bytes, notes

@@ -14,10 +14,10 @@ import json
 import os
 import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from tieaudit.core.interrupts import worker_pool
 from tieaudit.errors import UnsupportedFormatError
 from tieaudit.formats.safetensors import SAFETENSORS_DTYPES
 from tieaudit.model import Checkpoint, TensorInfo
@@ -141,7 +141,7 @@ def write_safetensors(
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         pwrite_all(fd, header, 0)
-        with ThreadPoolExecutor(max_workers=WRITER_THREADS) as pool:
+        with worker_pool(WRITER_THREADS, "write") as pool:  # all workers end before fd closes
             jobs = [
                 pool.submit(write_tensor, fd, offset, ckpt, t)
                 for offset, t in zip(offsets[:-1], tensors, strict=True)

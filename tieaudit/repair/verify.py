@@ -1,16 +1,22 @@
-"""Proof before the rename: every original name, read back from the output, equals the input."""
+"""Proof before the rename: every original name, read back from the output, equals the input.
+
+Read back twice: by tieaudit's own readers, then by the format's reference loader
+(repair.reference), so that a reader disagreeing with safetensors, onnx or torch cannot vouch
+for bytes those libraries would read differently.
+"""
 
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from tieaudit.compare import BlockComparer
+from tieaudit.core.interrupts import worker_pool
 from tieaudit.errors import TieauditError
 from tieaudit.formats import open_checkpoint
 from tieaudit.model import Checkpoint, TensorInfo
+from tieaudit.repair.reference import ReferenceCheck, reference_check
 from tieaudit.repair.restore import Source, restored_array, sources
 
 BLOCK_ROWS_BYTES = 16 << 20
@@ -38,9 +44,14 @@ VERIFY_THREADS = 2
 
 
 def _problem(
-    original: Checkpoint, written: Checkpoint, tensor: TensorInfo, source: Source | None
+    original: Checkpoint,
+    written: Checkpoint,
+    tensor: TensorInfo,
+    source: Source | None,
+    reference: ReferenceCheck | None,
 ) -> str | None:
-    """What is wrong with one name in the written output (None when it is bit for bit the input)."""
+    """What is wrong with one name in the written output: as tieaudit reads it, then as the
+    reference loader reads it (None when both give the input bit for bit)."""
     if source is None:
         return f"{tensor.name} is missing from the written output"
     value = restored_array(written, source)
@@ -50,9 +61,14 @@ def _problem(
     comparer = getattr(_local, "comparer", None) or BlockComparer()
     _local.comparer = comparer
     same = same_values(expected, value, comparer)
-    _release(original, tensor.name)
     _release(written, source.name)
-    return None if same else f"{tensor.name} differs from the input after writing"
+    try:
+        if not same:
+            return f"{tensor.name} differs from the input after writing"
+        # Right after tieaudit's comparison, while the input's pages of this name are still in.
+        return None if reference is None else reference.problem(tensor)
+    finally:
+        _release(original, tensor.name)
 
 
 def verify_output(original: Checkpoint, out: str) -> None:
@@ -60,11 +76,11 @@ def verify_output(original: Checkpoint, out: str) -> None:
 
     Names are compared by two threads: memcmp and the page faults behind it run outside the GIL.
     """
-    with open_checkpoint(out) as written:
+    with open_checkpoint(out) as written, reference_check(original, written, out) as reference:
         provided = sources(written)
-        with ThreadPoolExecutor(max_workers=VERIFY_THREADS) as pool:
+        with worker_pool(VERIFY_THREADS, "verify") as pool:
             problems = pool.map(
-                lambda t: _problem(original, written, t, provided.get(t.name)), original.tensors
+                lambda t: _problem(original, written, t, provided.get(t.name), reference), original.tensors
             )
             for problem in problems:
                 if problem is not None:

@@ -12,6 +12,11 @@ from tieaudit.findings import Finding
 SCHEMA = "tieaudit.report/1"
 
 
+MAX_LISTED_SKIPPED = 10_000
+"""Non-tensor entries listed by name (``skipped_total`` counts them all): a 64 KB pickle can hold
+hundreds of thousands of integer leaves, which would make a report of megabytes."""
+
+
 def finding_dict(finding: Finding) -> dict[str, Any]:
     return {
         "rule": finding.rule,
@@ -54,6 +59,7 @@ def report_dict(audit: Audit) -> dict[str, Any]:
                 "relation": g.relation,
                 "nbytes": g.nbytes,
                 "pairs": [[p.first, p.second, p.relation] for p in g.pairs],
+                **({"pairs_truncated": True} if g.pairs_truncated else {}),
             }
             for g in audit.graph.groups
         ],
@@ -73,7 +79,10 @@ def report_dict(audit: Audit) -> dict[str, Any]:
         "summary": audit.summary(),
     }
     if ckpt.skipped:
-        report["skipped"] = [{"name": s.name, "reason": s.reason} for s in ckpt.skipped]
+        listed = ckpt.skipped[:MAX_LISTED_SKIPPED]
+        report["skipped"] = [{"name": s.name, "reason": s.reason} for s in listed]
+        if ckpt.skipped_total > len(listed):
+            report["skipped_total"] = ckpt.skipped_total
     if ckpt.config is not None:
         config = ckpt.config
         report["config"] = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tieaudit.core.escape import printable
 from tieaudit.repair.retie import RetieResult
 from tieaudit.units import human_bytes
 
@@ -9,21 +10,23 @@ from tieaudit.units import human_bytes
 def render_plan(result: RetieResult) -> str:
     """One line per decision, then the bytes saved (planned, or measured on disk)."""
     plan = result.plan
-    lines = [f"retie plan for {plan.path} ({plan.format}; relations: {', '.join(sorted(plan.relations))})"]
+    relations = ", ".join(sorted(plan.relations))
+    lines = [f"retie plan for {printable(plan.path)} ({plan.format}; relations: {relations})"]
     if not plan.decisions:
         lines.append("  no copies found: nothing to re-tie")
     for decision in plan.decisions:
         mark = "tie " if decision.applied else "left"
         arrow = {"equal": "=", "transposed": "= T of", "cast": "= cast of"}[decision.relation]
-        line = f"  {mark} {decision.dropped} {arrow} {decision.kept}  ({human_bytes(decision.nbytes)})"
+        dropped, kept = printable(decision.dropped), printable(decision.kept)
+        line = f"  {mark} {dropped} {arrow} {kept}  ({human_bytes(decision.nbytes)})"
         if not decision.applied:
-            line += f"\n       why: {decision.reason}"
+            line += f"\n       why: {printable(decision.reason)}"
         lines.append(line)
     lines.append(f"  saves {human_bytes(plan.saved_bytes)} ({plan.saved_bytes} bytes)")
     if result.written is not None:
         lines.append(
-            f"wrote {result.written}: {human_bytes(result.output_bytes)} "
+            f"wrote {printable(result.written)}: {human_bytes(result.output_bytes)} "
             f"(input {human_bytes(result.input_bytes)}), every original name verified bit for bit"
-            + (f"; original kept as {result.backup}" if result.backup else "")
+            + (f"; original kept as {printable(result.backup)}" if result.backup else "")
         )
     return "\n".join(lines) + "\n"

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from tieaudit import __version__
+from tieaudit.core.escape import printable
 from tieaudit.export import ExportResult
 from tieaudit.report.json_report import finding_dict
 from tieaudit.runtime import ConfigResult, RuntimeReport
@@ -119,7 +120,8 @@ def render_runtime_text(report: RuntimeReport) -> str:
         for s in report.inputs
     )
     out += [
-        f"inputs: {feeds or 'none'}; {report.runs} timed runs after one warm-up",
+        f"inputs: {feeds or 'none'}; {report.runs} timed runs after one warm-up; "
+        f"memory limit {human_bytes(report.memory_limit)} per probe",
         measured_note(report),
         "Memory columns: MiB above the probe's baseline (created, after runs: RssAnon; peak: VmHWM;"
         " mapped: RssFile after creation, where external data is counted).",
@@ -143,7 +145,7 @@ def render_runtime_text(report: RuntimeReport) -> str:
         out += ["", f"Runtime duplicates under {', '.join(failed)}: unknown, the configuration failed."]
     else:
         out += ["", f"No runtime duplicate under {gated}."]
-    return "\n".join(out) + "\n"
+    return "\n".join(printable(line) for line in out) + "\n"  # names come from the model
 
 
 def _config_dict(result: ConfigResult) -> dict[str, Any]:
@@ -188,6 +190,7 @@ def runtime_dict(report: RuntimeReport) -> dict[str, Any]:
         "runs": report.runs,
         "fold_limit_bytes": report.fold_limit,
         "threshold_bytes": report.threshold,
+        "memory_limit_bytes": report.memory_limit,
         "configs": [_config_dict(r) for r in report.configs],
         "gated_configs": list(report.gated),
         "recommendation": None
@@ -254,4 +257,4 @@ def render_export_summary(result: ExportResult) -> str:
     else:
         lines.append("  runtime: ONNX Runtime's default session options hold no second copy")
     lines.append(f"  result: written {result.out}" if result.written else "  result: FAILED, OUT not written")
-    return "\n".join(lines) + "\n"
+    return "\n".join(printable(line) for line in lines) + "\n"  # names come from the model

@@ -2,19 +2,21 @@
 
 Checkpoints are binary, so a location names the file and no region: SARIF forbids line and column
 regions in binary artifacts (3.30.1), and code scanning attaches a region-less result to the file.
-A finding in a model folder points at the file holding its first stored tensor.
+A finding in a model folder points at the file holding its first stored tensor. A file name that
+is not UTF-8 is percent-encoded byte for byte in URIs and escaped (``\\xff``) in text, so the log is
+valid UTF-8 whatever the names on disk.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote_from_bytes
 
 from tieaudit import __version__
 from tieaudit.check import Checked, CheckResult
+from tieaudit.core.escape import printable
 from tieaudit.findings import RULES, Finding
 
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
@@ -36,13 +38,34 @@ def _information_uri() -> str | None:
     return home or (urls[0] if urls else None)
 
 
+def _path_bytes(path: str) -> bytes:
+    """The bytes a path names on disk (undecodable bytes were kept as surrogate escapes)."""
+    try:
+        return os.fsencode(path)
+    except UnicodeEncodeError:  # a lone surrogate that came from a JSON string, not from a file name
+        return path.encode("utf-8", "surrogatepass")
+
+
+def _text(text: str) -> str:
+    """text when it is valid Unicode, else with its undecodable bytes and lone surrogates escaped."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return printable(text)
+    return text
+
+
+def _file_uri(absolute: str) -> str:
+    return "file://" + quote_from_bytes(_path_bytes(absolute))
+
+
 def artifact_location(path: str, root: str) -> dict[str, str]:
     """Relative to %SRCROOT% (the current folder) when inside it, else an absolute file URI."""
     absolute = os.path.abspath(path)
     relative = os.path.relpath(absolute, root)
     if relative == os.curdir or relative.startswith(os.pardir + os.sep) or relative == os.pardir:
-        return {"uri": Path(absolute).as_uri()}
-    return {"uri": quote(relative.replace(os.sep, "/")), "uriBaseId": SRCROOT}
+        return {"uri": _file_uri(absolute)}
+    return {"uri": quote_from_bytes(_path_bytes(relative.replace(os.sep, "/"))), "uriBaseId": SRCROOT}
 
 
 def _finding_file(checked: Checked, finding: Finding) -> str:
@@ -72,19 +95,20 @@ def _rules() -> list[dict[str, Any]]:
 def _result(checked: Checked, index: int, root: str, baseline_name: str | None) -> dict[str, Any]:
     finding = checked.audit.findings[index]
     ckpt = checked.audit.graph.checkpoint
-    text = finding.message + (f" Fix: {finding.fix}" if finding.fix else "")
+    # Shown in code scanning's UI and logs: one escaped line, like the terminal gets.
+    text = printable(finding.message + (f" Fix: {finding.fix}" if finding.fix else ""))
     location = artifact_location(_finding_file(checked, finding), root)
     result: dict[str, Any] = {
         "ruleId": finding.rule,
         "ruleIndex": RULE_INDEX[finding.rule],
         "level": finding.severity,
-        "message": {"text": text},
+        "message": {"text": _text(text)},
         "locations": [{"physicalLocation": {"artifactLocation": location}}],
         "partialFingerprints": {FINGERPRINT_KEY: checked.fingerprints[index]},
         "properties": {
-            "checkpoint": ckpt.path,
+            "checkpoint": _text(ckpt.path),
             "format": ckpt.format,
-            "names": list(finding.names),
+            "names": [_text(name) for name in finding.names],
             "relation": finding.relation,
             "wasted_bytes": finding.wasted_bytes,
         },
@@ -111,7 +135,7 @@ def sarif_dict(result: CheckResult, root: str | None = None) -> dict[str, Any]:
     notifications = [
         {
             "level": "error",
-            "message": {"text": f"{error.path}: {error.message}"},
+            "message": {"text": printable(f"{error.path}: {error.message}")},
             "locations": [{"physicalLocation": {"artifactLocation": artifact_location(error.path, root)}}],
         }
         for error in result.errors
@@ -122,7 +146,7 @@ def sarif_dict(result: CheckResult, root: str | None = None) -> dict[str, Any]:
         "runs": [
             {
                 "tool": {"driver": driver},
-                "originalUriBaseIds": {SRCROOT: {"uri": Path(root).as_uri().rstrip("/") + "/"}},
+                "originalUriBaseIds": {SRCROOT: {"uri": _file_uri(root).rstrip("/") + "/"}},
                 "invocations": [
                     {"executionSuccessful": not result.errors, "toolExecutionNotifications": notifications}
                 ],

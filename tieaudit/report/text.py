@@ -10,11 +10,22 @@ from rich.text import Text
 
 from tieaudit.audit import Audit
 from tieaudit.check import CheckResult
+from tieaudit.core.escape import printable
 from tieaudit.graph import TieState
 from tieaudit.units import human_bytes
 
 MAX_TENSOR_ROWS = 30
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "note": "cyan"}
+
+
+def cell(text: str, style: str = "") -> Text:
+    """Text from the checkpoint as a table cell or line: escaped, and never read as rich markup."""
+    return Text(printable(text), style=style)
+
+
+def cells(names: tuple[str, ...] | list[str]) -> Text:
+    """Several names, one per line."""
+    return Text("\n").join(cell(name) for name in names)
 
 
 def _tie_status(state: TieState) -> str:
@@ -34,7 +45,7 @@ def _groups_table(audit: Audit) -> Table:
     for column in ("storage", "names", "relation", "size"):
         table.add_column(column, justify="right" if column == "size" else "left")
     for group in audit.graph.groups:
-        table.add_row(group.storage_id, "\n".join(group.names), group.relation, human_bytes(group.nbytes))
+        table.add_row(cell(group.storage_id), cells(group.names), group.relation, human_bytes(group.nbytes))
     return table
 
 
@@ -43,7 +54,9 @@ def _ties_table(audit: Audit) -> Table:
     for column in ("target", "source", "declared by", "status"):
         table.add_column(column)
     for state in audit.graph.ties:
-        table.add_row(state.tie.target, state.tie.source, state.tie.where, _tie_status(state))
+        table.add_row(
+            cell(state.tie.target), cell(state.tie.source), cell(state.tie.where), _tie_status(state)
+        )
     return table
 
 
@@ -55,9 +68,9 @@ def _findings_table(audit: Audit) -> Table:
         table.add_row(
             f"{finding.rule} {finding.kind}",
             Text(finding.severity, style=_SEVERITY_STYLE[finding.severity]),
-            "\n".join(finding.names),
+            cells(finding.names),
             human_bytes(finding.wasted_bytes) if finding.wasted_bytes else "",
-            finding.message + (f"\nfix: {finding.fix}" if finding.fix else ""),
+            Text("\n").join([cell(finding.message), *([cell(f"fix: {finding.fix}")] if finding.fix else [])]),
         )
     return table
 
@@ -73,15 +86,15 @@ def _tensors_table(audit: Audit) -> tuple[Table, int]:
     for column in columns:
         table.add_column(column, justify="right" if column == "size" else "left")
     for tensor in shown:
-        cells = [
-            tensor.name,
+        row: list[Text | str] = [
+            cell(tensor.name),
             tensor.dtype,
             "x".join(map(str, tensor.shape)) or "scalar",
             human_bytes(tensor.nbytes),
         ]
         if shared:
-            cells.append(tensor.storage_id + (" (shared)" if tensor.name in shared else ""))
-        table.add_row(*cells)
+            row.append(cell(tensor.storage_id + (" (shared)" if tensor.name in shared else "")))
+        table.add_row(*row)
     return table, len(tensors) - len(shown)
 
 
@@ -92,9 +105,13 @@ def render_text(audit: Audit, color: bool = False, width: int = 120) -> str:
     ckpt = audit.graph.checkpoint
     summary = audit.summary()
     console.print(
-        f"[bold]{ckpt.path}[/bold]  format {ckpt.format}  {summary['tensors']} tensors in "
-        f"{summary['storages']} storages, {human_bytes(summary['bytes'])} stored"
-        + (f", {human_bytes(summary['wasted_bytes'])} wasted" if summary["wasted_bytes"] else ""),
+        cell(ckpt.path, "bold"),
+        Text(
+            f"  format {ckpt.format}  {summary['tensors']} tensors in "
+            f"{summary['storages']} storages, {human_bytes(summary['bytes'])} stored"
+            + (f", {human_bytes(summary['wasted_bytes'])} wasted" if summary["wasted_bytes"] else "")
+        ),
+        sep="",
         highlight=False,
     )
     if audit.graph.groups:
@@ -112,7 +129,7 @@ def render_text(audit: Audit, color: bool = False, width: int = 120) -> str:
     if hidden:
         console.print(f"{hidden} smaller tensors not shown; --format json lists every tensor.")
     if ckpt.skipped:
-        console.print(f"{len(ckpt.skipped)} non-tensor entries skipped (--format json lists them).")
+        console.print(f"{ckpt.skipped_total} non-tensor entries skipped (--format json lists them).")
     return buffer.getvalue()
 
 
@@ -126,7 +143,8 @@ def render_check_text(result: CheckResult, color: bool = False, width: int = 120
         console.print(
             status,
             Text(
-                f"{ckpt.path}  ({ckpt.format}, {summary['tensors']} tensors, {human_bytes(summary['bytes'])}"
+                f"{printable(ckpt.path)}  ({ckpt.format}, {summary['tensors']} tensors, "
+                f"{human_bytes(summary['bytes'])}"
                 + (f", {human_bytes(summary['wasted_bytes'])} wasted" if summary["wasted_bytes"] else "")
                 + ")"
             ),
@@ -138,17 +156,17 @@ def render_check_text(result: CheckResult, color: bool = False, width: int = 120
                 Text(f"  {finding.rule} ", style="bold"),
                 Text(finding.severity, style=_SEVERITY_STYLE[finding.severity]),
                 Text(" (baselined)" if accepted else "", style="dim"),
-                Text(f" {finding.message}"),
+                Text(f" {printable(finding.message)}"),
                 sep="",
                 highlight=False,
                 soft_wrap=True,
             )
             if finding.fix and not accepted:
-                console.print(Text(f"      fix: {finding.fix}", style="dim"), highlight=False, soft_wrap=True)
+                console.print(cell(f"      fix: {finding.fix}", "dim"), highlight=False, soft_wrap=True)
     for error in result.errors:
         console.print(
             Text("ERROR", style="bold red"),
-            Text(f" {error.path}: {error.message}"),
+            Text(f" {printable(error.path)}: {printable(error.message)}"),
             sep="",
             highlight=False,
             soft_wrap=True,

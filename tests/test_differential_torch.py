@@ -1,0 +1,327 @@
+"""Differential test: every .pt/.pth/.bin file, read by tieaudit and by torch.load, must agree.
+
+The files: everything in the generated corpus (HF folders included) and in the hostile corpus
+(built with make_hostile.prepare). The reference: ``torch.load(path, weights_only=True,
+map_location="cpu")`` in a forked child of a server that imports torch once, under an address-
+space cap and a timeout (torch itself segfaults or runs for minutes on some hostile files: that
+is the reference refusing). tieaudit reads each file in this process with its torch reader.
+
+- both accept: the flattened leaf names agree; for every tensor the dtype, shape, strides,
+  storage offset, storage size, storage sharing and logical bytes agree;
+- torch refuses: tieaudit refuses too, unless the file is in DELIBERATE with the reason;
+- tieaudit refuses what torch accepts: allowed (tieaudit refuses whatever it cannot read exactly
+  as torch does), and listed in the report this test prints with -s.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import GENERATED, ROOT, Corpus
+
+HOSTILE = ROOT / "fixtures" / "hostile"
+SUFFIXES = (".pt", ".pth", ".bin")
+TIMEOUT = 30.0
+"""Seconds torch.load may take on one file before it counts as refusing (a hang)."""
+EXTRA_ADDRESS_SPACE = 3 << 30
+"""Address space a torch.load child may add to the server's (torch's libraries are mapped already)."""
+TENSOR_SKIPS = ("meta tensor leaf", "tensor of dtype", "tensor with ")
+"""tieaudit's reasons for skipping a leaf that torch returns as a tensor."""
+
+DELIBERATE: dict[str, str] = {}
+"""Files torch refuses and tieaudit reads, with the reason (none: every such file is a failure)."""
+
+
+# ------------------------------------------------------------------ the torch side (a fork server)
+
+
+def _torch_flatten(torch: Any, value: Any, name: str, out: list[dict[str, Any]]) -> None:
+    """Leaves under tieaudit's dotted names: dicts and lists/tuples are walked, torch.Size is a leaf."""
+    from tieaudit.formats.torch_file import ROOT_NAME, key_name
+
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _torch_flatten(torch, item, f"{name}.{key_name(key)}" if name else key_name(key), out)
+    elif isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
+        for index, item in enumerate(value):
+            _torch_flatten(torch, item, f"{name}.{index}" if name else str(index), out)
+    elif isinstance(value, torch.Tensor):
+        leaf: dict[str, Any] = {"name": name or ROOT_NAME, "tensor": True, "device": value.device.type}
+        if value.device.type != "meta" and not value.is_conj() and not value.is_neg():
+            storage = value.untyped_storage()
+            raw = value.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+            leaf.update(
+                dtype=str(value.dtype).removeprefix("torch."),
+                shape=list(value.shape),
+                stride=list(value.stride()),
+                offset=value.storage_offset() * value.element_size(),
+                storage=storage.data_ptr(),
+                storage_nbytes=storage.nbytes(),
+                sha256=hashlib.sha256(raw).hexdigest(),
+            )
+        out.append(leaf)
+    else:
+        out.append({"name": name or ROOT_NAME, "tensor": False, "type": type(value).__name__})
+
+
+def _torch_load(torch: Any, path: str) -> dict[str, Any]:
+    """torch.load path: what it returned, or its error (any failure is torch refusing the file)."""
+    try:
+        loaded = torch.load(path, weights_only=True, map_location="cpu")
+        leaves: list[dict[str, Any]] = []
+        _torch_flatten(torch, loaded, "", leaves)
+        return {"accepted": True, "leaves": leaves}
+    except BaseException as exc:  # noqa: BLE001
+        return {"accepted": False, "error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"}
+
+
+def _address_space() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmSize:"):
+            return int(line.split()[1]) * 1024
+    return 4 << 30
+
+
+def _in_child(work: Callable[[], dict[str, Any]], result: str, limit: int) -> dict[str, Any] | None:
+    """work() in a forked child under an address-space cap and TIMEOUT; None when it died or hung."""
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+            signal.alarm(int(TIMEOUT) + 5)
+            Path(result).write_text(json.dumps(work()))
+        except BaseException:  # noqa: BLE001
+            code = 1
+        os._exit(code)
+    began = time.monotonic()
+    while not os.waitpid(pid, os.WNOHANG)[0]:
+        if time.monotonic() - began > TIMEOUT:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return None
+        time.sleep(0.01)
+    answer: dict[str, Any] | None = json.loads(Path(result).read_text()) if Path(result).exists() else None
+    return answer
+
+
+def _serve(spec_path: str) -> int:
+    """``python test_differential_torch.py SPEC``: each file of SPEC through torch.load and through
+    tieaudit, each in its own forked child (torch is imported once, here)."""
+    import torch
+
+    torch.set_num_threads(1)
+    spec = json.loads(Path(spec_path).read_text())
+    limit = _address_space() + EXTRA_ADDRESS_SPACE
+    answers: dict[str, Any] = {}
+    for index, path in enumerate(spec["files"]):
+        theirs = _in_child(lambda: _torch_load(torch, path), f"{spec_path}.{index}.torch.json", limit)  # noqa: B023
+        ours = _in_child(lambda: _tieaudit(Path(path)), f"{spec_path}.{index}.tieaudit.json", limit)  # noqa: B023
+        answers[path] = {
+            "torch": theirs or {"accepted": False, "error": "torch.load died or hung"},
+            "tieaudit": ours or vars(Reading(False, "tieaudit died or hung", {}, {}, crashed=True)),
+        }
+    Path(spec_path + ".out").write_text(json.dumps(answers))
+    return 0
+
+
+# ------------------------------------------------------------------ the tieaudit side
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What tieaudit's torch reader made of one file."""
+
+    accepted: bool
+    """False when it refused the file (with error)."""
+    error: str
+    """The one-line refusal."""
+    leaves: dict[str, dict[str, Any]]
+    """Leaf name -> description (tensors as the torch side describes them)."""
+    storages: dict[str, str]
+    """Tensor name -> storage id."""
+    more: int = 0
+    """Non-tensor leaves tieaudit counted without keeping their names (beyond MAX_KEPT_SKIPPED)."""
+    crashed: bool = False
+    """True when reading raised something other than InputError, or died: a tieaudit bug."""
+
+
+def _tieaudit(path: Path) -> dict[str, Any]:
+    """tieaudit's torch reader on path, as a JSON-able Reading."""
+    from tieaudit.errors import InputError
+    from tieaudit.formats.torch_file import TorchReader
+
+    reader = TorchReader()
+    try:
+        head = path.read_bytes()[:64] if path.is_file() else b""
+        if not reader.sniff(str(path), head):
+            return vars(Reading(False, "not sniffed as a torch file", {}, {}))
+        with reader.read(str(path)) as ckpt:
+            leaves: dict[str, dict[str, Any]] = {}
+            for info in ckpt.tensors:
+                array = np.ascontiguousarray(ckpt.array(info))
+                leaves[info.name] = {
+                    "tensor": True,
+                    "dtype": info.dtype,
+                    "shape": list(info.shape),
+                    "stride": list(info.strides),
+                    "offset": info.byte_offset,
+                    "storage_nbytes": ckpt.storages[info.storage_id].nbytes,
+                    "sha256": hashlib.sha256(array.tobytes()).hexdigest(),
+                }
+            for skipped in ckpt.skipped:
+                if skipped.reason != "name already used by an earlier entry":
+                    leaves[skipped.name] = {"tensor": skipped.reason.startswith(TENSOR_SKIPS)}
+            storages = {t.name: t.storage_id for t in ckpt.tensors}
+            return vars(Reading(True, "", leaves, storages, more=ckpt.skipped_more))
+    except (InputError, OSError) as exc:
+        return vars(Reading(False, str(exc), {}, {}))
+    except Exception as exc:  # noqa: BLE001 - reported as a failure by the test
+        return vars(Reading(False, f"{type(exc).__name__}: {exc}", {}, {}, crashed=True))
+
+
+# ------------------------------------------------------------------ the files
+
+
+def _hostile_files(work: Path) -> list[Path]:
+    sys.path.insert(0, str(HOSTILE))
+    import make_hostile
+
+    found: list[Path] = []
+    for index, case in enumerate(make_hostile.CASES):
+        folder = work / f"{index}"
+        folder.mkdir()
+        target = make_hostile.prepare(case, HOSTILE, folder)
+        candidates = [target] if target.suffix in SUFFIXES else []
+        if target.is_dir() and not target.is_symlink():
+            candidates += sorted(p for p in target.rglob("*") if p.suffix in SUFFIXES)
+        found += [p for p in candidates if not p.is_dir()]
+    return found
+
+
+@pytest.fixture(scope="module")
+def compared(
+    corpus: Corpus, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[dict[str, Any], Reading]]:
+    work = tmp_path_factory.mktemp("differential")
+    files = sorted(p for p in GENERATED.rglob("*") if p.suffix in SUFFIXES and p.is_file())
+    files += _hostile_files(work)
+    spec = work / "spec.json"
+    spec.write_text(json.dumps({"files": [str(p) for p in files]}))
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    server = subprocess.run(
+        [sys.executable, __file__, str(spec)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        check=False,
+    )
+    assert server.returncode == 0, server.stderr[-4000:]
+    answers = json.loads(Path(str(spec) + ".out").read_text())
+    return {
+        str(path): (answers[str(path)]["torch"], Reading(**answers[str(path)]["tieaudit"])) for path in files
+    }
+
+
+def _label(path: str) -> str:
+    return str(Path(path).relative_to(Path(path).parents[1]))
+
+
+def _mismatches(torch_answer: dict[str, Any], ours: Reading) -> list[str]:
+    """Where two acceptances disagree (empty when they agree)."""
+    theirs = {leaf["name"]: leaf for leaf in torch_answer["leaves"]}
+    problems = []
+    unnamed = set(theirs) - set(ours.leaves)
+    if ours.more and not set(ours.leaves) - set(theirs):  # names beyond the kept ones are counted
+        if any(theirs[name]["tensor"] for name in unnamed) or len(unnamed) > ours.more:
+            problems.append(f"{len(unnamed)} leaves unnamed, {ours.more} counted, tensors among them")
+    elif set(theirs) != set(ours.leaves):
+        problems.append(f"leaf names differ: torch only {sorted(set(theirs) - set(ours.leaves))[:5]}, "
+                        f"tieaudit only {sorted(set(ours.leaves) - set(theirs))[:5]}")  # fmt: skip
+    sharing_torch: dict[int, set[str]] = defaultdict(set)
+    sharing_ours: dict[str, set[str]] = defaultdict(set)
+    for name, leaf in theirs.items():
+        mine = ours.leaves.get(name)
+        if mine is None:
+            continue
+        if leaf["tensor"] != mine["tensor"]:
+            problems.append(f"{name}: a tensor in one reading only")
+        elif leaf["tensor"] and "sha256" in mine:
+            fields = ("dtype", "shape", "stride", "offset", "storage_nbytes", "sha256")
+            problems += [
+                f"{name}: {field} {leaf.get(field)!r} (torch) != {mine[field]!r}"
+                for field in fields
+                if leaf.get(field) != mine[field]
+            ]
+            if leaf.get("storage_nbytes"):
+                sharing_torch[leaf["storage"]].add(name)
+                sharing_ours[ours.storages[name]].add(name)
+    if {frozenset(s) for s in sharing_torch.values()} != {frozenset(s) for s in sharing_ours.values()}:
+        problems.append("names share storages differently")
+    return problems
+
+
+def test_every_torch_file_reads_as_torch_reads_it(
+    compared: dict[str, tuple[dict[str, Any], Reading]],
+) -> None:
+    failures, refused_more = [], []
+    for path, (theirs, ours) in compared.items():
+        label = _label(path)
+        if ours.crashed:
+            failures.append(f"{label}: tieaudit crashed ({ours.error[:200]})")
+        elif theirs["accepted"] and ours.accepted:
+            failures += [f"{label}: {problem}" for problem in _mismatches(theirs, ours)]
+        elif ours.accepted and Path(path).name not in DELIBERATE:
+            failures.append(f"{label}: torch refuses ({theirs['error'][:160]}) but tieaudit reads it")
+        elif theirs["accepted"] and not ours.accepted:
+            refused_more.append(f"{label}: {ours.error.split(': ', 1)[-1][:120]}")
+    print(f"\n{len(compared)} files; tieaudit refuses {len(refused_more)} that torch reads:")
+    print("\n".join(f"  {line}" for line in refused_more))
+    assert not failures, "\n".join(failures)
+
+
+def test_the_comparison_covers_the_corpus_and_the_hostile_files(
+    compared: dict[str, tuple[dict[str, Any], Reading]],
+) -> None:
+    names = {Path(path).name for path in compared}
+    assert {"tied_lm.pt", "legacy_tied.pt", "train_ckpt.pt", "pytorch_model.bin"} <= names
+    assert {
+        "pt_zip_case_pickle.pt",
+        "pt_zip_glued.pt",
+        "pt_zip_deep_tuple_key.pt",
+        "pt_legacy_tar_header.pt",
+    } <= names
+    both = [path for path, (theirs, ours) in compared.items() if theirs["accepted"] and ours.accepted]
+    tensors = sum(len(compared[path][1].storages) for path in both)
+    assert len(both) >= 12 and tensors >= 50, (len(both), tensors)
+
+
+def test_a_planted_difference_is_caught(compared: dict[str, tuple[dict[str, Any], Reading]]) -> None:
+    """The comparison itself can fail: a changed byte, shape or sharing is reported."""
+    path, (theirs, ours) = next((p, pair) for p, pair in compared.items() if Path(p).name == "tied_lm.pt")
+    assert _mismatches(theirs, ours) == []
+    name = next(name for name, leaf in ours.leaves.items() if leaf["tensor"])
+    for field, value in (("sha256", "0" * 64), ("shape", [1]), ("dtype", "int8")):
+        changed = {**ours.leaves, name: {**ours.leaves[name], field: value}}
+        assert any(field in p for p in _mismatches(theirs, Reading(True, "", changed, ours.storages)))
+    split = {n: f"alone-{n}" for n in ours.storages}
+    assert "names share storages differently" in _mismatches(theirs, Reading(True, "", ours.leaves, split))
+
+
+if __name__ == "__main__":
+    sys.exit(_serve(sys.argv[1]))

@@ -1,0 +1,226 @@
+"""From an unpickled torch object to a Checkpoint: leaves under dotted names, views checked.
+
+Nested training checkpoints (``{"model": ..., "optimizer": ...}``) are flattened to dotted names
+(``model.lm_head.weight``, ``optimizer.state.0.exp_avg``); leaves that are not viewable tensors
+are kept as ``Skipped`` entries with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import reprlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from tieaudit.bytestore import ByteStore
+from tieaudit.dtypes import ITEMSIZE, itemsize
+from tieaudit.errors import InputError
+from tieaudit.formats.pickle_vm import MAX_DEPTH
+from tieaudit.formats.torch_records import DtypeToken, Opaque, StorageRef, TensorRecord
+from tieaudit.formats.viewable import check_viewable
+from tieaudit.model import MAX_KEPT_SKIPPED, Checkpoint, Skipped, StorageInfo, TensorInfo
+
+MAX_VISITS = 1_000_000
+"""Values visited while flattening; bounds work on pickles that share one container many times."""
+ROOT_NAME = "<root>"
+"""Name of the tensor when the checkpoint is a single tensor rather than a container."""
+
+LocateStorage = Callable[[StorageRef], int]
+"""Absolute file offset of a storage's first byte; raises InputError when its bytes are not there."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One leaf of the unpickled object, with its dotted name."""
+
+    name: str
+    """Dotted path: dict keys and list indexes joined with ``.``."""
+    value: object
+    """The leaf: a TensorRecord, or a value that becomes a Skipped entry."""
+
+
+def key_name(key: object) -> str:
+    """A dict key as a part of a dotted name."""
+    if isinstance(key, str):
+        return key
+    if isinstance(key, int) and not isinstance(key, bool):
+        return str(key)
+    return reprlib.repr(key)  # bounded depth and length, unlike str() of a hostile key
+
+
+class _Stop(Exception):
+    """Counting stopped; the keys leading to where are collected while the recursion unwinds."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.keys: list[object] = []
+
+
+def _count(root: object, path: str) -> int:
+    """Leaves and containers under root, counting a shared container once per place it appears.
+
+    Each container's count is computed once (by identity), so a pickle that lists one container
+    a billion times through memo references is measured without being walked. A container being
+    counted is marked -1, so meeting it again below itself is a cycle.
+    """
+    counts: dict[int, int] = {}
+
+    def count(value: dict[object, object] | list[object] | tuple[object, ...], depth: int) -> int:
+        known = counts.get(id(value))
+        if known is not None:
+            if known < 0:
+                raise _Stop("contains itself")
+            return known
+        if depth > MAX_DEPTH:
+            raise _Stop(f"is nested deeper than {MAX_DEPTH} levels")
+        counts[id(value)] = -1
+        total = 1
+        for key, item in value.items() if isinstance(value, dict) else enumerate(value):
+            if isinstance(item, (dict, list, tuple)) and item:
+                try:
+                    total += count(item, depth + 1)
+                except _Stop as stop:
+                    stop.keys.append(key)
+                    raise
+            else:
+                total += 1
+            if total > MAX_VISITS:
+                raise _Stop(f"holds more than {MAX_VISITS} entries (or shared containers)")
+        counts[id(value)] = total
+        return total
+
+    if not isinstance(root, (dict, list, tuple)):
+        return 1
+    try:
+        return count(root, 0)
+    except _Stop as stop:
+        name = ".".join(key_name(key) for key in reversed(stop.keys))[:200] or ROOT_NAME
+        raise InputError(f"container {name!r} {stop.problem}", path) from None
+
+
+def _leaves(root: object, path: str) -> list[tuple[str, object]]:
+    """(dotted name, leaf) pairs of root in pickle order; cycles and runaway nesting are InputErrors."""
+    _count(root, path)  # bounds the walk below: at most MAX_VISITS values, no cycle, bounded depth
+    leaves: list[tuple[str, object]] = []
+    add = leaves.append
+
+    def walk(name: str, value: object) -> None:
+        items: Iterable[tuple[object, object]]
+        spell: Callable[[object], str]
+        if isinstance(value, dict):
+            items, spell = value.items(), key_name
+        elif isinstance(value, (list, tuple)):
+            items, spell = enumerate(value), str
+        else:
+            add((name or ROOT_NAME, value))
+            return
+        prefix = f"{name}." if name else ""
+        for key, item in items:
+            if isinstance(item, (dict, list, tuple)):
+                if item:  # an empty container has no leaves to name
+                    walk(prefix + spell(key), item)
+            else:
+                add((prefix + spell(key), item))
+
+    walk("", root)
+    return leaves
+
+
+def flatten(root: object, path: str) -> list[Entry]:
+    """Leaves of root with dotted names, in pickle order; cycles and runaway nesting are InputErrors."""
+    return [Entry(name, value) for name, value in _leaves(root, path)]
+
+
+_PLAIN_REASONS: dict[type, str] = {
+    kind: f"{kind.__name__} leaf" for kind in (int, float, str, bool, bytes, set)
+}
+_PLAIN_REASONS[type(None)] = "None leaf"
+
+
+def _skip_reason(value: object) -> str:
+    plain = _PLAIN_REASONS.get(type(value))
+    if plain is not None:
+        return plain
+    if isinstance(value, Opaque):
+        return f"{value.kind} leaf"
+    if isinstance(value, DtypeToken):
+        return "torch.dtype leaf"
+    if isinstance(value, StorageRef):
+        return "bare storage leaf (not a tensor)"
+    if isinstance(value, TensorRecord) and value.dtype not in ITEMSIZE:
+        return f"tensor of dtype {value.dtype}, which tieaudit cannot view"
+    if isinstance(value, TensorRecord):
+        return f"tensor with {'/'.join(sorted(value.flags))} bit set: stored bytes are not its values"
+    return f"{'None' if value is None else type(value).__name__} leaf"
+
+
+def _check_view(name: str, record: TensorRecord, path: str) -> None:
+    size = itemsize(record.dtype)
+    last = sum((dim - 1) * stride for dim, stride in zip(record.shape, record.strides, strict=True))
+    numel_zero = any(dim == 0 for dim in record.shape)
+    end = record.offset * size if numel_zero else (record.offset + last + 1) * size
+    if end > record.storage.nbytes:
+        raise InputError(
+            f"tensor {name[:200]!r} reaches byte {end} of storage {record.storage.key[:40]!r}, "
+            f"which holds {record.storage.nbytes}",
+            path,
+        )
+
+
+def _storage_infos(
+    storages: dict[str, StorageRef], tensors: list[TensorInfo], locate: LocateStorage, file: str
+) -> dict[str, StorageInfo]:
+    # An untyped storage (float8, uint16, ...) takes the dtype of the first tensor viewing it.
+    viewed_as: dict[str, str] = {}
+    for tensor in tensors:
+        viewed_as.setdefault(tensor.storage_id, tensor.dtype)
+    return {
+        key: StorageInfo(
+            key, file, locate(ref), ref.nbytes, ref.dtype if ref.typed else viewed_as.get(key, "uint8")
+        )
+        for key, ref in storages.items()
+    }
+
+
+def build_checkpoint(
+    path: str, root: object, storages: dict[str, StorageRef], locate: LocateStorage
+) -> Checkpoint:
+    """Turn the unpickled object into a Checkpoint: tensors, storages located in the file, skipped leaves."""
+    file = os.path.basename(path)
+    tensors: list[TensorInfo] = []
+    skipped: list[Skipped] = []
+    more = 0
+    seen: set[str] = set()
+    plain = _PLAIN_REASONS.get
+    for name, record in _leaves(root, path):
+        reason = plain(type(record))
+        if name in seen:
+            reason = "name already used by an earlier entry"
+        if reason is not None:  # the common non-tensor leaves (optimizer indexes, hyperparameters)
+            if len(skipped) < MAX_KEPT_SKIPPED:
+                skipped.append(Skipped(name, reason))
+            else:
+                more += 1
+        elif isinstance(record, TensorRecord) and not record.flags and record.dtype in ITEMSIZE:
+            offset = record.offset * itemsize(record.dtype)
+            check_viewable(name, record.shape, record.strides, itemsize(record.dtype), offset, path)
+            _check_view(name, record, path)
+            tensors.append(
+                TensorInfo(name, record.dtype, record.shape, record.strides, record.storage.key, offset, file)
+            )
+        elif len(skipped) < MAX_KEPT_SKIPPED:
+            skipped.append(Skipped(name, _skip_reason(record)))
+        else:
+            more += 1
+        seen.add(name)
+    return Checkpoint(
+        path=path,
+        format="torch",
+        tensors=tuple(tensors),
+        storages=_storage_infos(storages, tensors, locate, file),
+        store=ByteStore(os.path.dirname(os.path.abspath(path))),
+        skipped=tuple(skipped),
+        skipped_more=more,
+        files=(file,),
+    )

@@ -1,0 +1,119 @@
+"""The records the torch pickle reader builds: storages, tensor views, dtypes, labelled leaves.
+
+Plain frozen data: nothing here refers to torch, and nothing from a pickle is ever called.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+from tieaudit.dtypes import ITEMSIZE
+from tieaudit.formats.pickle_vm import PickleError
+
+MAX_INT64 = 2**63 - 1
+"""torch keeps sizes, strides, offsets and element counts as int64; larger values are refused
+before any arithmetic (torch itself fails on them)."""
+
+
+def bad(message: str) -> NoReturn:
+    """Refuse the pickle: torch would fail here too, or tieaudit cannot read it the same way."""
+    raise PickleError(message)
+
+
+@dataclass(frozen=True)
+class StorageType:
+    """Stand-in for a torch storage class named in a persistent id."""
+
+    dtype: str
+    """Element dtype (uint8 for untyped storages)."""
+    typed: bool
+    """False for ``UntypedStorage``, whose numel counts bytes."""
+
+
+@dataclass(frozen=True)
+class DtypeToken:
+    """Stand-in for a ``torch.<dtype>`` global."""
+
+    name: str
+    """torch's spelling, e.g. float8_e4m3fn."""
+
+
+@dataclass(frozen=True)
+class StorageRef:
+    """A storage as a persistent id describes it."""
+
+    key: str
+    """Record key: the ``data/<key>`` member of a zip, or the legacy storage key."""
+    dtype: str
+    """Element dtype of the storage type (uint8 when untyped)."""
+    numel: int
+    """Number of elements of ``dtype`` (bytes when untyped)."""
+    typed: bool
+    """False for ``UntypedStorage``; its tensors say their own dtype."""
+    location: str
+    """Device the storage was saved from, e.g. cpu or cuda:0."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the storage holds."""
+        return self.numel * ITEMSIZE[self.dtype]
+
+
+@dataclass(frozen=True)
+class TensorRecord:
+    """What a tensor rebuild call describes: a strided view into one storage."""
+
+    storage: StorageRef
+    """The storage viewed."""
+    dtype: str
+    """torch dtype name of the elements."""
+    offset: int
+    """Element offset of element 0 in the storage (non-negative)."""
+    shape: tuple[int, ...]
+    """Size in elements per dimension."""
+    strides: tuple[int, ...]
+    """Stride in elements per dimension (non-negative)."""
+    flags: frozenset[str] = field(default_factory=frozenset)
+    """Set bits of torch's tensor metadata (``conj``, ``neg``): stored bytes are not the values."""
+
+
+@dataclass(frozen=True)
+class Opaque:
+    """A value kept only as a label (torch.device, torch.Size, a set, a meta tensor, ...)."""
+
+    kind: str
+    """What it was, e.g. ``torch.device``."""
+
+
+@dataclass(frozen=True)
+class Global:
+    """An allowlisted global that is a function or class: what REDUCE and NEWOBJ do with it."""
+
+    name: str
+    """The dotted name, e.g. ``torch._utils._rebuild_tensor_v2``."""
+    call: Callable[..., object] | None = None
+    """tieaudit's version of calling it (REDUCE); None where torch's call is refused here."""
+    new: Callable[..., object] | None = None
+    """tieaudit's version of ``cls.__new__(cls, *args)`` (NEWOBJ); None where refused here."""
+
+
+class StateDict(OrderedDict[Any, Any]):
+    """Stand-in for ``collections.OrderedDict``."""
+
+
+class CounterDict(dict[Any, Any]):
+    """Stand-in for ``collections.Counter``."""
+
+
+def check_int(value: object, what: str) -> int:
+    """value as a non-negative int64, or refuse."""
+    if type(value) is not int:
+        bad(f"{what} is {type(value).__name__}, expected an int")
+    if value < 0:
+        bad(f"{what} is negative ({value})")
+    if value > MAX_INT64:
+        bad(f"{what} ({value}) is too large for torch (more than 2**63-1)")
+    return value
