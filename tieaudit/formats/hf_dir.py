@@ -297,13 +297,12 @@ def gather_declarations(
     config: Mapping[str, Any] | None,
     weights: WeightSet,
     parts: list[FilePart],
-    use_transformers: bool,
 ) -> tuple[tuple[DeclaredTie, ...], list[Skipped]]:
     """Ties declared by config.json, shard metadata and the index; notes on what was not resolved."""
     ties: list[DeclaredTie] = []
     notes: list[Skipped] = []
     if config is not None:
-        ties, notes = config_ties(config, os.path.join(folder, CONFIG), use_transformers)
+        ties, notes = config_ties(config, os.path.join(folder, CONFIG))
     for part in parts:
         ties.extend(part.declared_ties)
         notes.extend(part.skipped)
@@ -336,10 +335,6 @@ class HfDirReader(Reader):
 
     format = "hf-dir"
 
-    def __init__(self, use_transformers: bool = True) -> None:
-        self.use_transformers = use_transformers
-        """Resolve config ties with the installed transformers when importable (else the table)."""
-
     def sniff(self, path: str, head: bytes) -> bool:
         return os.path.isdir(path)
 
@@ -350,7 +345,7 @@ class HfDirReader(Reader):
         parts = [read_part(folder, file, len(weights.files) > 1) for file in weights.files]
         check_weight_map(weights, parts, folder)
         tokenizer_size, tokenizer_files, tokenizer_notes = read_tokenizer(folder)
-        ties, notes = gather_declarations(folder, config, weights, parts, self.use_transformers)
+        ties, notes = gather_declarations(folder, config, weights, parts)
         index_files = [weights.index] if weights.index else []
         return Checkpoint(
             path=path,
