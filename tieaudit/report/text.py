@@ -15,6 +15,7 @@ from tieaudit.graph import TieState
 from tieaudit.units import human_bytes
 
 MAX_TENSOR_ROWS = 30
+"""Tensors listed in the text report (the largest first); --format json lists every one."""
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "note": "cyan"}
 
 
