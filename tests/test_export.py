@@ -235,5 +235,6 @@ def test_a_folder_with_custom_code_is_refused_without_running_it_or_prompting(tm
         cwd=work, env=env, input="y\n", capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert run.returncode == 2, run.stderr
-    assert run.stderr.startswith("tieaudit: error: ") and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert run.stderr.startswith("tieaudit: error: "), run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert not list(tmp_path.rglob("pwned_marker")) and not (tmp_path / "out.onnx").exists()
