@@ -106,7 +106,9 @@ class Pair:
 
 
 def _stored_name(weights: dict[str, np.ndarray], live: torch.Tensor) -> str:
-    (name,) = [k for k, v in weights.items() if v.shape == tuple(live.shape) and np.array_equal(v, live.numpy())]
+    (name,) = [
+        k for k, v in weights.items() if v.shape == tuple(live.shape) and np.array_equal(v, live.numpy())
+    ]
     return name
 
 
@@ -245,7 +247,10 @@ def test_spelling_of_a_dropped_target_follows_its_source() -> None:
     else the file's (the renamed names it does store), else the written one."""
     from tieaudit.formats.hf_ties import Spelling  # here: the base commit has no Spelling
 
-    renames = {"lm_head.weight": "language_model.lm_head.weight", "m.embed.weight": "language_model.embed.weight"}
+    renames = {
+        "lm_head.weight": "language_model.lm_head.weight",
+        "m.embed.weight": "language_model.embed.weight",
+    }
     on_disk = Spelling(renames, frozenset({"language_model.embed.weight"}))
     assert on_disk.spell(("lm_head.weight", "m.embed.weight")) == (
         "language_model.lm_head.weight",
@@ -254,7 +259,10 @@ def test_spelling_of_a_dropped_target_follows_its_source() -> None:
     in_memory = Spelling(renames, frozenset({"m.embed.weight"}))
     assert in_memory.spell(("lm_head.weight", "m.embed.weight")) == ("lm_head.weight", "m.embed.weight")
     neither = Spelling(renames, frozenset({"other.weight"}))
-    assert neither.spell(("lm_head.weight", "other.weight")) == ("language_model.lm_head.weight", "other.weight")
+    assert neither.spell(("lm_head.weight", "other.weight")) == (
+        "language_model.lm_head.weight",
+        "other.weight",
+    )
     file_memory = Spelling(renames, frozenset({"m.embed.weight", "other.weight"}))
     assert file_memory.spell(("lm_head.weight", "other.weight")) == ("lm_head.weight", "other.weight")
     converted = Spelling({"lm_head.weight": None}, frozenset({"e.weight"}))
