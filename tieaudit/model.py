@@ -140,6 +140,21 @@ class Skipped:
 
 
 @dataclass(frozen=True)
+class VocabRoles:
+    """The tensors one model class uses as its vocabulary matrices, from the tie table, spelled as
+    the files store them (a dropped tie target: its source; see ``formats.hf_ties.class_roles``)."""
+
+    architecture: str
+    """The model class (``architectures`` names exactly this one)."""
+    input_embedding: str | None
+    """The input embedding's weight (None: the class has none)."""
+    output_embedding: str | None
+    """The output projection's weight (None: the class has no vocabulary head)."""
+    output_bias: str | None
+    """The output projection's bias (None: the head has no bias)."""
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """Facts from a Hugging Face config.json that tie rules use."""
 
@@ -153,6 +168,9 @@ class ModelConfig:
     """Vocabulary size of tokenizer.json, where present."""
     file: str = "config.json"
     """Where these facts came from."""
+    roles: VocabRoles | None = None
+    """The class's vocabulary tensors; None when ``architectures`` names no class, several, or one
+    the tie table does not answer for (then only tensors whose role is unambiguous are used)."""
 
 
 @dataclass(frozen=True)

@@ -12,18 +12,8 @@ from tieaudit.graph import AliasGraph, TieState
 from tieaudit.model import Checkpoint, TensorInfo
 from tieaudit.policy import Policy
 from tieaudit.repair.plan import DEFAULT_RELATIONS, REPRESENTABLE
+from tieaudit.rules_vocab import vocab_findings
 from tieaudit.units import human_bytes
-
-OUTPUT_BIAS_SUFFIXES = ("lm_head.bias", "final_logits_bias", "predictions.bias")
-EMBEDDING_SUFFIXES = (
-    "embed_tokens.weight",
-    "wte.weight",
-    "word_embeddings.weight",
-    "shared.weight",
-    "tok_embeddings.weight",
-    "token_embd.weight",
-)
-OUTPUT_SUFFIXES = ("lm_head.weight", "predictions.decoder.weight", "output.weight")
 
 
 def _fix(ckpt: Checkpoint, relations: set[str]) -> str:
@@ -161,59 +151,6 @@ def _compare_declared(
     )
 
 
-def _first(ckpt: Checkpoint, suffixes: tuple[str, ...], ndim: int) -> TensorInfo | None:
-    """The first tensor named ``suffix`` or ``*.suffix`` (``ffn_output.weight`` is no ``output.weight``)."""
-    for tensor in ckpt.tensors:
-        if len(tensor.shape) == ndim and any(
-            tensor.name == suffix or tensor.name.endswith("." + suffix) for suffix in suffixes
-        ):
-            return tensor
-    return None
-
-
-def vocab_findings(graph: AliasGraph) -> Iterator[Finding]:
-    """TIE004: rows of the embedding and the output projection, output bias, vocab sizes agree."""
-    ckpt = graph.checkpoint
-    sizes: dict[str, int] = {}
-    names: list[str] = []
-    sources = [ckpt.tensor(s.tie.source) for s in graph.ties if s.source_stored]
-    targets = [ckpt.tensor(s.tie.target) for s in graph.ties if s.target_stored]
-    embedding = next((t for t in sources if len(t.shape) == 2), None) or _first(ckpt, EMBEDDING_SUFFIXES, 2)
-    output = next((t for t in targets if len(t.shape) == 2), None) or _first(ckpt, OUTPUT_SUFFIXES, 2)
-    bias = _first(ckpt, OUTPUT_BIAS_SUFFIXES, 1) or _first(ckpt, ("final_logits_bias",), 2)
-    for label, tensor, size in (
-        ("embedding rows", embedding, embedding.shape[0] if embedding else 0),
-        ("output rows", output, output.shape[0] if output else 0),
-        ("output bias length", bias, bias.shape[-1] if bias else 0),
-    ):
-        if tensor is not None:
-            sizes[f"{label} ({tensor.name})"] = size
-            names.append(tensor.name)
-    config = ckpt.config
-    if config is not None and config.vocab_size is not None:
-        sizes[f"config vocab_size ({config.file})"] = config.vocab_size
-    if len(set(sizes.values())) > 1:
-        listing = ", ".join(f"{k} = {v}" for k, v in sizes.items())
-        yield Finding(
-            "TIE004",
-            "error",
-            tuple(names),
-            f"vocabulary sizes disagree: {listing}.",
-            details={"sizes": sizes},
-        )
-    rows = embedding.shape[0] if embedding else (config.vocab_size if config else None)
-    if config is not None and config.tokenizer_vocab_size is not None and rows is not None:
-        if config.tokenizer_vocab_size > rows:
-            yield Finding(
-                "TIE004",
-                "error",
-                tuple(names),
-                f"the tokenizer has {config.tokenizer_vocab_size} tokens but the embedding has {rows} rows: "
-                f"ids past {rows - 1} index out of range.",
-                details={"tokenizer_vocab_size": config.tokenizer_vocab_size, "rows": rows},
-            )
-
-
 def overlap_findings(graph: AliasGraph) -> Iterator[Finding]:
     """TIE006: views of one storage that overlap without being identical or transposed."""
     for group in graph.groups:
@@ -273,7 +210,7 @@ def evaluate(graph: AliasGraph, policy: Policy, extra: tuple[Finding, ...] = ())
     found = [
         *copy_findings(ckpt, groups, declared),
         *declared_findings(graph, grouped),
-        *vocab_findings(graph),
+        *vocab_findings(graph, groups),
         *overlap_findings(graph),
         *expected_findings(graph, policy),
         *extra,

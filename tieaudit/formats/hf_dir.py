@@ -301,13 +301,13 @@ def gather_declarations(
     """Ties declared by config.json, shard metadata and the index; notes on what was not resolved."""
     ties: list[DeclaredTie] = []
     notes: list[Skipped] = []
+    stored = {t.name for part in parts for t in part.tensors}
     if config is not None:
-        ties, notes = config_ties(config, os.path.join(folder, CONFIG))
+        ties, notes = config_ties(config, os.path.join(folder, CONFIG), stored=stored)
     for part in parts:
         ties.extend(part.declared_ties)
         notes.extend(part.skipped)
     if weights.index is not None:
-        stored = {t.name for part in parts for t in part.tensors}
         where = f"{weights.index}:metadata"
         ties.extend(metadata_ties(dict(weights.index_metadata), stored, where, "index"))
     return unique_ties(ties), notes
@@ -356,6 +356,12 @@ class HfDirReader(Reader):
             declared_ties=ties,
             skipped=tuple(notes + tokenizer_notes),
             skipped_more=sum(part.skipped_more for part in parts),
-            config=model_config(config, os.path.join(folder, CONFIG), tokenizer_size, TOKENIZER),
+            config=model_config(
+                config,
+                os.path.join(folder, CONFIG),
+                tokenizer_size=tokenizer_size,
+                tokenizer_file=TOKENIZER,
+                stored={t.name for part in parts for t in part.tensors},
+            ),
             files=tuple(config_files + index_files + list(weights.files) + tokenizer_files),
         )

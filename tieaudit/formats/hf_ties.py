@@ -12,13 +12,13 @@ transformers and never builds a model from a config it was handed).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from tieaudit.errors import InputError
-from tieaudit.formats.tie_table import TIE_FLAG, Answer, SwitchState, resolve, tie_table
-from tieaudit.model import DeclaredTie, ModelConfig, Skipped
+from tieaudit.formats.tie_table import TIE_FLAG, Answer, SwitchState, TableEntry, resolve, tie_table
+from tieaudit.model import DeclaredTie, ModelConfig, Skipped, VocabRoles
 
 Resolver = Literal["table"]
 
@@ -28,7 +28,16 @@ and possibly a note, so the count is bounded before use)."""
 MAX_CLASS_NAME = 200
 """Characters of one class name in ``architectures`` (transformers' longest is under 60)."""
 
-__all__ = ["TIE_FLAG", "TieFlag", "TieResolution", "config_ties", "model_config", "resolve_ties"]
+__all__ = [
+    "TIE_FLAG",
+    "Spelling",
+    "TieFlag",
+    "TieResolution",
+    "class_roles",
+    "config_ties",
+    "model_config",
+    "resolve_ties",
+]
 
 
 @dataclass(frozen=True)
@@ -67,6 +76,60 @@ class TieResolution:
         return ", ".join([*(state.text for state in self.states), self.resolver or "unresolved"])
 
 
+Convention = Literal["memory", "disk"]
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """How one folder spells a class's names: as transformers names them in memory, or as
+    ``save_pretrained`` writes them (the table's ``disk_names``: GPT-NeoX's ``lm_head.weight`` is
+    written ``embed_out.weight``, LLaVA's ``model.language_model.*`` is written
+    ``language_model.model.*``). Another transformers version may write the in-memory spelling."""
+
+    disk_names: Mapping[str, str | None]
+    """In-memory name -> the name save_pretrained writes (only names that differ; None: converted)."""
+    stored: frozenset[str]
+    """Every tensor name the folder's weight files store."""
+
+    @classmethod
+    def of(cls, entry: TableEntry, stored: Collection[str]) -> Spelling:
+        """The spelling of entry's names among the stored names."""
+        return cls(entry.disk_names, frozenset(stored))
+
+    def _found(self, name: str) -> tuple[str, Convention | None] | None:
+        """The stored spelling of name and the convention it shows (None: both spell it alike);
+        None when the file stores it under neither spelling."""
+        disk = self.disk_names.get(name, name)
+        if name in self.stored:
+            return name, None if disk == name else "memory"
+        if disk is not None and disk in self.stored:
+            return disk, "disk"
+        return None
+
+    def convention(self) -> Convention:
+        """The file's own convention, from the class's renamed names it stores: in-memory when it
+        stores some under their in-memory spelling and none under the written one; else written."""
+        shown = {found[1] for found in map(self._found, self.disk_names) if found is not None}
+        return "memory" if shown == {"memory"} else "disk"
+
+    def spell(self, names: Sequence[str]) -> tuple[str, ...]:
+        """Each in-memory name of one tie (or one class's roles) as the file stores it; a name
+        stored under neither spelling (a dropped target) takes the convention the rest of names
+        shows, else the file's."""
+        found = [self._found(name) for name in names]
+        shown = {f[1] for f in found if f is not None and f[1] is not None}
+        convention = shown.pop() if len(shown) == 1 else self.convention()
+        return tuple(
+            f[0] if f is not None else self.unstored(name, convention)
+            for name, f in zip(names, found, strict=True)
+        )
+
+    def unstored(self, name: str, convention: Convention) -> str:
+        """name, not stored, spelled by convention (a converted name keeps its in-memory one)."""
+        disk = self.disk_names.get(name, name)
+        return disk if convention == "disk" and disk is not None else name
+
+
 def _text_config(config: Mapping[str, Any]) -> Mapping[str, Any] | None:
     nested = config.get("text_config")
     return nested if isinstance(nested, Mapping) else None
@@ -89,9 +152,11 @@ def stated_tie_flag(config: Mapping[str, Any], path: str) -> TieFlag:
 
 
 def stated_vocab_size(config: Mapping[str, Any], path: str) -> int | None:
-    """``vocab_size`` from the top level, else from ``text_config``."""
+    """``vocab_size`` from ``text_config``, else from the top level: a wrapper builds its language
+    model, embedding and head included, from ``text_config`` (PaliGemma's config class also writes
+    a top-level ``vocab_size`` that keeps its default, 257152, whatever the text model's is)."""
     nested = _text_config(config)
-    for prefix, level in (("", config), ("text_config.", nested or {})):
+    for prefix, level in (("text_config.", nested or {}), ("", config)):
         value = level.get("vocab_size")
         if value is None:
             continue
@@ -138,9 +203,16 @@ def resolve_ties(config: Mapping[str, Any], path: str) -> tuple[TieResolution, .
     return tuple(resolve_class(name, config, path) for name in stated_architectures(config, path))
 
 
-def config_ties(config: Mapping[str, Any], path: str) -> tuple[list[DeclaredTie], list[Skipped]]:
-    """Declared ties from config.json (at path), and a note for every class not resolved."""
+def config_ties(
+    config: Mapping[str, Any], path: str, *, stored: Collection[str] | None = None
+) -> tuple[list[DeclaredTie], list[Skipped]]:
+    """Declared ties from config.json (at path), and a note for every class not resolved.
+
+    With stored (the tensor names of the folder's weight files), each tie is spelled as those
+    files spell it (``Spelling``); without, in transformers' in-memory names.
+    """
     file = os.path.basename(path)
+    table = tie_table()
     ties: list[DeclaredTie] = []
     notes: list[Skipped] = []
     resolutions = resolve_ties(config, path)
@@ -153,16 +225,57 @@ def config_ties(config: Mapping[str, Any], path: str) -> tuple[list[DeclaredTie]
                 )
             )
         where = f"{file} ({resolution.basis})"
-        ties.extend(DeclaredTie(t, s, "config", where) for t, s in resolution.ties.items())
+        entry = table.entry(resolution.architecture)
+        spelling = Spelling.of(entry, stored) if stored is not None and entry is not None else None
+        for target, source in resolution.ties.items():
+            if spelling is not None:
+                target, source = spelling.spell((target, source))
+            ties.append(DeclaredTie(target, source, "config", where))
     if not resolutions and stated_tie_flag(config, path).value is not False:
         notes.append(Skipped(f"{file}:architectures", "no architectures listed; config tie not resolved"))
     return ties, notes
 
 
+def class_roles(config: Mapping[str, Any], path: str, stored: Collection[str]) -> VocabRoles | None:
+    """The vocabulary tensors of the one class ``architectures`` names, spelled as stored; a role
+    whose name is a tie target the file does not store is its source (BERT's tied
+    ``cls.predictions.decoder.bias`` is stored as ``cls.predictions.bias``). None when
+    ``architectures`` names no class or several, or the table does not answer for this config."""
+    architectures = stated_architectures(config, path)
+    if len(architectures) != 1:
+        return None
+    entry = tie_table().entry(architectures[0])
+    if entry is None:
+        return None
+    answer = resolve(entry, config, path)
+    if not isinstance(answer, Answer):
+        return None
+    spelling = Spelling.of(entry, stored)
+
+    def role(name: str | None) -> str | None:
+        for _ in range(len(answer.ties) + 1):  # a chain of ties is at most this long
+            if name is None:
+                return None
+            (spelled,) = spelling.spell((name,))
+            if spelled in spelling.stored or name not in answer.ties:
+                return spelled
+            name = answer.ties[name]
+        return None  # a cycle of ties: the table never holds one
+
+    embedding, output, bias = entry.embedding_names
+    return VocabRoles(architectures[0], role(embedding), role(output), role(bias))
+
+
 def model_config(
-    config: Mapping[str, Any] | None, path: str, tokenizer_size: int | None, tokenizer_file: str
+    config: Mapping[str, Any] | None,
+    path: str,
+    *,
+    tokenizer_size: int | None,
+    tokenizer_file: str,
+    stored: Collection[str],
 ) -> ModelConfig | None:
-    """The facts of config.json (at path) that tie rules use (None without config and tokenizer)."""
+    """The facts of config.json (at path) that tie rules use (None without config and tokenizer);
+    stored: the tensor names of the folder's weight files (for the class's roles)."""
     if config is None and tokenizer_size is None:
         return None
     if config is None:
@@ -173,4 +286,5 @@ def model_config(
         vocab_size=stated_vocab_size(config, path),
         tokenizer_vocab_size=tokenizer_size,
         file=os.path.basename(path),
+        roles=class_roles(config, path, stored),
     )
