@@ -31,6 +31,8 @@ from tieaudit.model import Checkpoint, TensorInfo
 
 NOT_A_TIE = "equal by construction is not a tie; --all-equal re-ties it"
 """The start of the reason for every equal copy the loader would not restore."""
+_UNKNOWN_CLASS = "tieaudit's tie table gives no tie for the class config.json names"
+"""Said instead of "the class does not tie these two" when the table gives the class no pair."""
 _RECORD_KINDS = frozenset({"metadata", "index"})
 """Who declares a recorded pair: a ``{dropped: kept}`` record in ``__metadata__`` or the index."""
 
@@ -39,8 +41,6 @@ _RECORD_KINDS = frozenset({"metadata", "index"})
 class LoaderRule:
     """Which equal copies the loader people use for this form restores from one stored tensor."""
 
-    loader: str
-    """The loader, as people call it."""
     accepted: frozenset[frozenset[str]]
     """Pairs of names the loader restores from one stored tensor (re-tied by default)."""
     class_pairs: tuple[tuple[str, str], ...]
@@ -75,7 +75,6 @@ def loader_rule(ckpt: Checkpoint) -> LoaderRule | None:
             frozenset((t.target, t.source)) for t in ckpt.declared_ties if t.declared_by in _RECORD_KINDS
         )
         return LoaderRule(
-            "safetensors.torch.load_model(strict=True)",
             recorded,
             (),
             (),
@@ -89,12 +88,12 @@ def loader_rule(ckpt: Checkpoint) -> LoaderRule | None:
     pairs = tuple(sorted(class_pairs(ckpt, config)))
     declared = tuple(sorted((t.target, t.source) for t in ckpt.declared_ties if t.declared_by == "config"))
     return LoaderRule(
-        "from_pretrained",
         frozenset(frozenset(pair) for pair in pairs),
         pairs,
         declared,
         f"{NOT_A_TIE} (from_pretrained restores a dropped name only through the model class's own "
-        "ties, and the class does not tie these two: the copy would come back randomly initialised)",
+        f"ties, and {'the class does not tie these two' if pairs else _UNKNOWN_CLASS}: the copy would "
+        "come back randomly initialised)",
         "from_pretrained will initialise {name} randomly: the model class does not tie it",
     )
 
