@@ -196,9 +196,13 @@ def test_every_rule_has_a_kind_and_the_help_explains_equality() -> None:
 def test_retie_exit_codes(clone: Path, tmp_path: Path) -> None:
     out = tmp_path / "tied.safetensors"
     dry = run(["retie", str(clone), "--dry-run"])
+    assert dry.returncode == 0 and "left lm_head.weight = model.embed_tokens.weight" in dry.stdout
+    assert "--all-equal re-ties it" in dry.stdout  # no record says the model shares them
+    dry = run(["retie", str(clone), "--dry-run", "--all-equal"])
     assert dry.returncode == 0 and "tie  lm_head.weight = model.embed_tokens.weight" in dry.stdout
+    assert "load_model(strict=True) will refuse this file" in dry.stdout
     assert not out.exists()
-    written = run(["retie", str(clone), str(out)])
+    written = run(["retie", str(clone), str(out), "--all-equal"])
     assert written.returncode == 0, written.stderr
     assert "verified bit for bit" in written.stderr and out.exists()
     assert main(["check", str(out)]) == 0

@@ -223,7 +223,15 @@ def _relations(value: str | None) -> frozenset[str] | None:
     metavar="LIST",
     default=None,
     help="Copies to re-tie: a subset of equal,transposed,cast. [default: what the format's "
-    "own loaders restore: equal everywhere, plus transposed in .pt and ONNX]",
+    "own loaders restore: equal (in safetensors and folders only the pairs the loader restores, "
+    "see --all-equal), plus transposed in .pt and ONNX]",
+)
+@click.option(
+    "--all-equal",
+    is_flag=True,
+    help="Also re-tie equal copies the format's loader does not restore by itself (safetensors "
+    "files: pairs no {dropped: kept} record names; folders: pairs the model class does not tie). "
+    "The plan prints each consequence. --relations alone never does this.",
 )
 @click.option("--in-place", is_flag=True, help="Allow OUT to be IN; the original is kept as IN.bak.")
 @click.option(
@@ -240,12 +248,28 @@ def retie(
     dry_run: bool,
     keep: str | None,
     relations: str | None,
+    all_equal: bool,
     in_place: bool,
     min_size: int,
 ) -> None:
     """Turn copies back into one stored tensor, verified bit for bit, written atomically.
 
-    Each copy keeps one stored tensor; the others are recorded so that loaders restore them:
+    \b
+    By default the output is what the format's usual loader accepts:
+    - safetensors file: an equal copy is re-tied only when a {dropped: kept} record
+      already names the pair (safetensors.torch.load_model restores a name only when
+      the live model shares it, and ignores records).
+    - Hugging Face folder: only pairs the model class ties (from_pretrained restores
+      nothing else), plus the class's other pairs that setting tie_word_embeddings
+      ties, when their stored bytes are equal (a masked-LM head's bias).
+    - .pt and ONNX: every copy of the chosen relations.
+    Tensors equal by construction (Mamba's A_log in every layer, sinusoidal position
+    tables, shared experts) are not ties: the plan lists them as left. --all-equal
+    re-ties every equal copy and prints what the loader will then do with it;
+    --relations equal does not override the loader rule.
+
+    Each re-tied copy keeps one stored tensor; the others are recorded so that loaders
+    restore them:
 
     \b
     - safetensors: dropped names as {dropped: kept} in __metadata__ (the convention of
@@ -271,13 +295,16 @@ def retie(
       tieaudit retie ./llama ./llama-tied
       tieaudit retie model.onnx model-tied.onnx
       tieaudit retie ckpt.safetensors out.safetensors --relations equal,transposed,cast
+      tieaudit retie merged.safetensors out.safetensors --all-equal
     """
     from tieaudit.repair.retie import retie as run_retie
     from tieaudit.report.plan import render_plan
 
     if out is None and not dry_run:
         raise click.UsageError("OUT is required (only --dry-run may leave it out)")
-    result = run_retie(source, out or source, _relations(relations), keep, dry_run, in_place, min_size)
+    result = run_retie(
+        source, out or source, _relations(relations), keep, dry_run, in_place, min_size, all_equal=all_equal
+    )
     for note in result.notes:
         click.echo(f"tieaudit: note: {note}", err=True)
     click.echo(render_plan(result), nl=False, err=not dry_run)

@@ -5,8 +5,10 @@ readers look: ``{dropped: kept}`` (and ``tieaudit.ties`` for transposed or cast 
 index ``metadata`` for a sharded folder (huggingface_hub's convention), else in the
 ``__metadata__`` of the file holding the kept tensor. When the re-tied pair is the one the
 model class ties under ``tie_word_embeddings``, config.json gets the flag set true so that
-transformers ties it again on load; an equal copy the class does not tie is refused, as
-transformers would load it randomly initialised. Other files are copied byte for byte (link targets are
+transformers ties it again on load (the plan re-ties the class's other pairs the flag ties, such
+as a masked-LM head's bias, when their bytes are equal); an equal copy the class does not tie is
+refused, as transformers would load it randomly initialised, unless the plan was made with
+--all-equal (which prints that consequence). Other files are copied byte for byte (link targets are
 copied, never links, and only from inside the folder).
 """
 
@@ -185,16 +187,18 @@ def refuse_unrestorable(ckpt: Checkpoint, applied: list[TieRecord], pairs: set[t
 
 
 def retied_config(
-    ckpt: Checkpoint, config: Mapping[str, Any], applied: list[TieRecord]
+    ckpt: Checkpoint, config: Mapping[str, Any], applied: list[TieRecord], *, all_equal: bool = False
 ) -> dict[str, Any] | None:
     """config with the flag set, when an equal re-tie is a pair the class ties and the config does
     not tie yet; None when config.json stays as it is.
 
-    Refuses what transformers would not restore (``refuse_unrestorable``), and a flag that would
-    also tie another pair of the class whose names both stay stored (values not proven equal).
+    Refuses what transformers would not restore (``refuse_unrestorable``; unless all_equal, where
+    the plan states that consequence), and a flag that would also tie another pair of the class
+    whose names both stay stored (the plan re-ties those it found equal: ``loaders.flag_companions``).
     """
     pairs = class_pairs(ckpt, config)
-    refuse_unrestorable(ckpt, applied, pairs)
+    if not all_equal:
+        refuse_unrestorable(ckpt, applied, pairs)
     current = {(t.target, t.source) for t in ckpt.declared_ties if t.declared_by == "config"}
     retied = {(r.dropped, r.kept) for r in applied if r.relation == "equal"}
     hits = {p for p in pairs if p in retied or p[::-1] in retied}
@@ -229,7 +233,7 @@ class HfDirWriter(Writer):
             raise UnsupportedFormatError(_BIN_REFUSED, folder)
         applied = decision_records(ckpt, plan)
         config, _ = read_config(folder)
-        edited = None if config is None else retied_config(ckpt, config, applied)
+        edited = None if config is None else retied_config(ckpt, config, applied, all_equal=plan.all_equal)
         os.mkdir(out)
         rewritten = {*weights.files, *([weights.index] if weights.index else [])}
         if edited is not None:

@@ -3,7 +3,10 @@
 By default a format gets only the relations its usual loaders restore by themselves: equal copies
 everywhere; transposed copies as views in .pt and as a Transpose node in ONNX. Transposed or cast
 copies in safetensors are restored only by ``tieaudit.load_tied``, so they are applied when asked
-for with --relations; a cast cannot be a view in .pt at all.
+for with --relations; a cast cannot be a view in .pt at all. In safetensors files and model
+folders an equal copy is re-tied by default only where the loader restores it (``loaders``: a
+recorded pair, or a pair the model class ties); --all-equal re-ties every equal copy and the plan
+says what the loader will do with each one.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from tieaudit.detect import ALL_RELATIONS, CopyGroup, CopyMember, CopyRelation, 
 from tieaudit.errors import UsageError
 from tieaudit.graph import AliasGraph
 from tieaudit.model import Checkpoint, Format
+from tieaudit.repair.loaders import LoaderRule, flag_companions, loader_rule
 
 DEFAULT_RELATIONS: dict[Format, frozenset[str]] = {
     "safetensors": frozenset({"equal"}),
@@ -54,6 +58,10 @@ class Decision:
     """False when the copy is left as it is."""
     reason: str = ""
     """Why a copy is left (empty when applied)."""
+    why: str = ""
+    """For a pair found by comparing bytes, not by the copy search: why it is re-tied."""
+    consequence: str = ""
+    """For a copy re-tied only because of --all-equal: what the format's loader does with it."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,8 @@ class RetiePlan:
     """The relations applied."""
     decisions: tuple[Decision, ...]
     """One per copy found, applied or left."""
+    all_equal: bool = False
+    """--all-equal: every equal copy re-tied, also those the format's loader does not restore."""
 
     @property
     def applied(self) -> tuple[Decision, ...]:
@@ -124,43 +134,77 @@ def _declared_equal_groups(graph: AliasGraph, covered: set[str]) -> list[CopyGro
     return groups
 
 
-def _loader_pairs(ckpt: Checkpoint) -> set[frozenset[str]] | None:
-    """For a Hugging Face folder: the pairs from_pretrained re-ties by itself (the model class's
-    ties with the flag set). None for formats whose loaders restore any recorded copy."""
-    if ckpt.format != "hf-dir":
-        return None
-    from tieaudit.formats.hf_dir import read_config
-    from tieaudit.repair.hf_writer import class_pairs
-
-    config, _ = read_config(ckpt.path)
-    return {frozenset(pair) for pair in class_pairs(ckpt, config or {})}
-
-
-def _reason(
-    member: CopyMember,
-    kept: str,
-    ckpt: Checkpoint,
-    chosen: frozenset[str],
-    explicit: bool,
-    loader_pairs: set[frozenset[str]] | None,
-) -> str:
-    """Why a copy is left as it is ('' when it is re-tied)."""
+def _reason(member: CopyMember, ckpt: Checkpoint, options: _Options) -> str:
+    """Why a copy is left as it is ('' when its relation is chosen and representable)."""
     if member.relation not in REPRESENTABLE[ckpt.format]:
         return f"a {member.relation} copy cannot be represented in {ckpt.format}; both stay stored"
-    if member.relation not in chosen:
-        if explicit:
+    if member.relation not in options.chosen:
+        if options.explicit:
             return f"{member.relation} not in --relations"
         return _WHY_NOT_DEFAULT.get(member.relation, f"{member.relation} not in --relations")
-    if (
-        loader_pairs is not None
-        and member.relation == "equal"
-        and frozenset((kept, member.name)) not in loader_pairs
-    ):
-        return (
-            "from_pretrained restores a dropped name only through the model class's own ties, and the "
-            "class does not tie these two: the copy would come back randomly initialised"
-        )
     return ""
+
+
+@dataclass(frozen=True)
+class _Options:
+    """What the user asked for, as the decisions need it."""
+
+    chosen: frozenset[str]
+    """Relations to apply."""
+    explicit: bool
+    """--relations was given."""
+    all_equal: bool
+    """--all-equal was given."""
+
+
+def _decide(
+    group: CopyGroup, member: CopyMember, *, ckpt: Checkpoint, rule: LoaderRule | None, options: _Options
+) -> Decision:
+    """One copy: applied, left with a reason, or applied under --all-equal with its consequence."""
+    reason = _reason(member, ckpt, options)
+    consequence = ""
+    if (
+        not reason
+        and rule is not None
+        and member.relation == "equal"
+        and not rule.accepts(group.kept, member.name)
+    ):
+        if options.all_equal:
+            consequence = rule.consequence_for(member.name)
+        else:
+            reason = rule.why_left
+    return Decision(
+        group.kept,
+        member.name,
+        member.relation,
+        member.transposed,
+        member.nbytes,
+        not reason,
+        reason,
+        consequence=consequence,
+    )
+
+
+def _companions(ckpt: Checkpoint, rule: LoaderRule | None, decisions: list[Decision]) -> list[Decision]:
+    """Pairs the config flag set by this plan ties too, stored as equal bytes: re-tied with the rest."""
+    if rule is None or not rule.class_pairs:
+        return []
+    applied = [d for d in decisions if d.applied]
+    retied = {frozenset((d.kept, d.dropped)) for d in applied if d.relation == "equal"}
+    found = flag_companions(ckpt, rule, retied=retied, dropped={d.dropped for d in applied})
+    return [
+        Decision(
+            source,
+            target,
+            "equal",
+            False,
+            ckpt.tensor(target).nbytes,
+            True,
+            why="the model class ties it to "
+            f"{source} once tie_word_embeddings is set, and the stored bytes are equal",
+        )
+        for target, source in found
+    ]
 
 
 def make_plan(
@@ -168,11 +212,21 @@ def make_plan(
     relations: frozenset[str] | None = None,
     keep: str | None = None,
     min_bytes: int = 1024,
+    *,
+    all_equal: bool = False,
 ) -> RetiePlan:
-    """Decide, for every copy in the checkpoint, whether and how it becomes a tie again."""
+    """Decide, for every copy in the checkpoint, whether and how it becomes a tie again.
+
+    all_equal: re-tie equal copies the format's loader does not restore by itself too (each such
+    decision carries the consequence).
+    """
     ckpt = graph.checkpoint
     chosen = DEFAULT_RELATIONS[ckpt.format] if relations is None else relations
-    sources = frozenset(s.tie.source for s in graph.ties)
+    if all_equal and "equal" not in chosen:
+        raise UsageError("--all-equal re-ties equal copies, but --relations leaves equal out")
+    rule = loader_rule(ckpt)
+    class_sources = frozenset(source for _, source in rule.class_pairs) if rule else frozenset()
+    sources = frozenset(s.tie.source for s in graph.ties) | class_sources
     groups = find_copies(ckpt, ALL_RELATIONS, min_bytes, lookup_names=lookup_tables(ckpt), sources=sources)
     covered = {name for group in groups for name in group.names}
     groups += _declared_equal_groups(graph, covered)
@@ -180,20 +234,11 @@ def make_plan(
         if not any(keep in g.names for g in groups):
             raise UsageError(f"--keep {keep}: no copy group holds that name")
         groups = [_rekeep(g, keep, ckpt) if keep in g.names else g for g in groups]
-    loader_pairs = _loader_pairs(ckpt)
-    decisions = []
-    for group in groups:
-        for member in group.members:
-            reason = _reason(member, group.kept, ckpt, frozenset(chosen), relations is not None, loader_pairs)
-            decisions.append(
-                Decision(
-                    group.kept,
-                    member.name,
-                    member.relation,
-                    member.transposed,
-                    member.nbytes,
-                    not reason,
-                    reason,
-                )
-            )
-    return RetiePlan(ckpt.path, ckpt.format, frozenset(chosen), tuple(decisions))
+    options = _Options(frozenset(chosen), relations is not None, all_equal)
+    decisions = [
+        _decide(group, member, ckpt=ckpt, rule=rule, options=options)
+        for group in groups
+        for member in group.members
+    ]
+    decisions += _companions(ckpt, rule, decisions)
+    return RetiePlan(ckpt.path, ckpt.format, frozenset(chosen), tuple(decisions), all_equal)

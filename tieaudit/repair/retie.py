@@ -99,29 +99,47 @@ def retie(
     dry_run: bool = False,
     in_place: bool = False,
     min_bytes: int = 1024,
+    *,
+    all_equal: bool = False,
 ) -> RetieResult:
-    """Turn the copies in source back into ties and write the result to out, verified."""
+    """Turn the copies in source back into ties and write the result to out, verified.
+
+    By default an equal copy in a safetensors file or model folder is re-tied only where the
+    format's loader restores it (``repair.loaders``); all_equal re-ties every equal copy, and the
+    plan carries each consequence.
+    """
     paths = None if dry_run else check_paths(source, out, in_place)
     if paths is None and not os.path.exists(source):
         raise UsageError("no such file or folder", source)
     try:
-        return _retie(source, out, paths, relations, keep, min_bytes)
+        options = _Request(relations, keep, min_bytes, all_equal)
+        return _retie(source, out, paths, options)
     except TieauditError as exc:
         if paths is not None and exc.path == paths.source.path:
             exc.path = source  # IN as the user typed it, not as resolved
         raise
 
 
-def _retie(
-    source: str,
-    out: str,
-    paths: RetiePaths | None,
-    relations: frozenset[str] | None,
-    keep: str | None,
-    min_bytes: int,
-) -> RetieResult:
+@dataclass(frozen=True)
+class _Request:
+    """What to re-tie, as given to ``retie``."""
+
+    relations: frozenset[str] | None
+    """Relations to apply (None: the format's default)."""
+    keep: str | None
+    """The name to keep in its copy group."""
+    min_bytes: int
+    """Smaller tensors are never copy candidates."""
+    all_equal: bool
+    """Re-tie every equal copy, also those the format's loader does not restore."""
+
+
+def _retie(source: str, out: str, paths: RetiePaths | None, request: _Request) -> RetieResult:
     with open_checkpoint(source if paths is None else paths.source.path) as ckpt:
-        plan = dataclasses.replace(make_plan(build_graph(ckpt), relations, keep, min_bytes), path=source)
+        made = make_plan(
+            build_graph(ckpt), request.relations, request.keep, request.min_bytes, all_equal=request.all_equal
+        )
+        plan = dataclasses.replace(made, path=source)
         # A folder is measured whole, like the output folder; a file with its external data.
         root = os.path.dirname(os.path.abspath(ckpt.path))
         single = not os.path.isdir(ckpt.path) and ckpt.files

@@ -21,8 +21,18 @@ def render_plan(result: RetieResult) -> str:
         line = f"  {mark} {dropped} {arrow} {kept}  ({human_bytes(decision.nbytes)})"
         if not decision.applied:
             line += f"\n       why: {printable(decision.reason)}"
+        if decision.why:
+            line += f"\n       because: {printable(decision.why)}"
+        if decision.consequence:
+            line += f"\n       note: {printable(decision.consequence)}"
         lines.append(line)
     lines.append(f"  saves {human_bytes(plan.saved_bytes)} ({plan.saved_bytes} bytes)")
+    forced = sum(1 for d in plan.applied if d.consequence)
+    if forced:
+        lines.append(
+            f"  --all-equal: {forced} {'copy' if forced == 1 else 'copies'} re-tied that the format's "
+            "loader does not restore by itself (see each note)"
+        )
     if result.written is not None:
         lines.append(
             f"wrote {printable(result.written)}: {human_bytes(result.output_bytes)} "

@@ -1,0 +1,157 @@
+"""Which equal copies retie drops by default: those the format's usual loader restores by itself.
+
+A dropped name comes back only through something the loader acts on.
+``safetensors.torch.load_model`` never reads ``{dropped: kept}`` records: it restores a name only
+when the live model shares it with a stored one, so in a safetensors file (or a folder without
+config.json) only a pair such a record already names is re-tied by default: the record says the
+model that wrote it shares them. ``from_pretrained`` restores a name only through the model
+class's ties (the tie table, with ``tie_word_embeddings`` set), so in a model folder only those.
+Equal tensors nobody ties (deterministic initialisation such as Mamba's ``A_log`` in every layer,
+sinusoidal position tables in encoder and decoder, shared experts) are left unless --all-equal
+asks for them, with the consequence printed. ``torch.load`` restores every view and ONNX consumers
+are re-pointed, so .pt and ONNX have no rule here.
+
+Setting the flag in config.json ties every pair of the class at once: ``flag_companions`` finds
+the pairs the flag would tie besides the re-tied ones and compares their stored bytes (constant
+tensors such as zero biases included, which the copy search skips): equal pairs join the plan; a
+difference refuses, naming the largest one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection
+from dataclasses import dataclass
+
+import numpy as np
+
+from tieaudit.compare import BLOCK_BYTES, BlockComparer, equal_bytes, iter_blocks
+from tieaudit.errors import UsageError
+from tieaudit.model import Checkpoint, TensorInfo
+
+NOT_A_TIE = "equal by construction is not a tie; --all-equal re-ties it"
+"""The start of the reason for every equal copy the loader would not restore."""
+_UNKNOWN_CLASS = "tieaudit's tie table gives no tie for the class config.json names"
+"""Said instead of "the class does not tie these two" when the table gives the class no pair."""
+_RECORD_KINDS = frozenset({"metadata", "index"})
+"""Who declares a recorded pair: a ``{dropped: kept}`` record in ``__metadata__`` or the index."""
+
+
+@dataclass(frozen=True)
+class LoaderRule:
+    """Which equal copies the loader people use for this form restores from one stored tensor."""
+
+    accepted: frozenset[frozenset[str]]
+    """Pairs of names the loader restores from one stored tensor (re-tied by default)."""
+    class_pairs: tuple[tuple[str, str], ...]
+    """``(target, source)`` the model class ties with ``tie_word_embeddings`` set (folders only)."""
+    declared: tuple[tuple[str, str], ...]
+    """``(target, source)`` config.json ties already (folders only)."""
+    why_left: str
+    """Why an equal copy outside ``accepted`` is left by default."""
+    consequence: str
+    """What the loader does with such a copy re-tied under --all-equal (``{name}``: the dropped name)."""
+
+    def accepts(self, first: str, second: str) -> bool:
+        """True when the loader restores either name from the other."""
+        return frozenset((first, second)) in self.accepted
+
+    def consequence_for(self, dropped: str) -> str:
+        """The consequence of re-tying dropped although the loader does not restore it."""
+        return self.consequence.format(name=dropped)
+
+
+def loader_rule(ckpt: Checkpoint) -> LoaderRule | None:
+    """The rule for a safetensors file or a model folder; None for .pt and ONNX (no rule needed)."""
+    if ckpt.format not in ("safetensors", "hf-dir"):
+        return None
+    config = None
+    if ckpt.format == "hf-dir":
+        from tieaudit.formats.hf_dir import read_config
+
+        config, _ = read_config(ckpt.path)
+    if config is None:
+        recorded = frozenset(
+            frozenset((t.target, t.source)) for t in ckpt.declared_ties if t.declared_by in _RECORD_KINDS
+        )
+        return LoaderRule(
+            recorded,
+            (),
+            (),
+            f"{NOT_A_TIE} (safetensors.torch.load_model restores a name only when the live model "
+            "shares it, and no {dropped: kept} record in the file says the model shares these two)",
+            "safetensors.torch.load_model(strict=True) will refuse this file unless the model shares "
+            "these tensors ({name} is not stored)",
+        )
+    from tieaudit.repair.hf_writer import class_pairs
+
+    pairs = tuple(sorted(class_pairs(ckpt, config)))
+    declared = tuple(sorted((t.target, t.source) for t in ckpt.declared_ties if t.declared_by == "config"))
+    return LoaderRule(
+        frozenset(frozenset(pair) for pair in pairs),
+        pairs,
+        declared,
+        f"{NOT_A_TIE} (from_pretrained restores a dropped name only through the model class's own "
+        f"ties, and {'the class does not tie these two' if pairs else _UNKNOWN_CLASS}: the copy would "
+        "come back randomly initialised)",
+        "from_pretrained will initialise {name} randomly: the model class does not tie it",
+    )
+
+
+def max_difference(ckpt: Checkpoint, first: TensorInfo, second: TensorInfo) -> float:
+    """The largest absolute elementwise difference (same shape), a block of rows at a time; NaN
+    where one side is NaN and the other is not."""
+    row_bytes = first.nbytes // max(1, first.shape[0]) if first.shape else first.nbytes
+    rows = max(1, BLOCK_BYTES // max(1, row_bytes))
+    largest = 0.0
+    pairs = zip(iter_blocks(ckpt, first, rows), iter_blocks(ckpt, second, rows), strict=True)
+    for (_, a), (_, b) in pairs:
+        left, right = a.astype(np.float64), b.astype(np.float64)
+        both_nan = np.isnan(left) & np.isnan(right)
+        diff = np.where(both_nan, 0.0, np.abs(left - right))
+        if diff.size:
+            worst = float(np.max(diff))
+            if math.isnan(worst):
+                return worst
+            largest = max(largest, worst)
+    return largest
+
+
+def _difference(ckpt: Checkpoint, target: TensorInfo, source: TensorInfo) -> str:
+    """Why two stored tensors are not one: shape, dtype, or the largest difference."""
+    if target.shape != source.shape:
+        return f"their shapes differ ({list(target.shape)} and {list(source.shape)})"
+    if target.dtype != source.dtype:
+        return f"their dtypes differ ({target.dtype} and {source.dtype})"
+    worst = max_difference(ckpt, target, source)
+    if worst == 0.0:
+        return "their bits differ (signed zeros or NaN payloads) although no value differs"
+    return f"they differ by up to {worst:.6g}"
+
+
+def flag_companions(
+    ckpt: Checkpoint, rule: LoaderRule, *, retied: Collection[frozenset[str]], dropped: Collection[str]
+) -> list[tuple[str, str]]:
+    """``(target, source)`` pairs the flag would tie besides the re-tied ones (``retied``), both
+    names still stored and bit for bit equal; refuses when such a pair differs. Empty when the plan
+    does not set the flag (no re-tied pair of the class, or config.json ties them already)."""
+    hits = {pair for pair in rule.class_pairs if frozenset(pair) in retied}
+    if not hits or hits <= set(rule.declared):
+        return []
+    stored = ckpt.names - set(dropped)
+    comparer = BlockComparer()
+    companions = []
+    for target, source in sorted(set(rule.class_pairs) - set(rule.declared) - hits):
+        if target not in stored or source not in stored:
+            continue
+        first, second = ckpt.tensor(target), ckpt.tensor(source)
+        if equal_bytes(ckpt, first, second, comparer):
+            companions.append((target, source))
+            continue
+        raise UsageError(
+            f"setting tie_word_embeddings in config.json would also tie {target} to {source}, which "
+            f"both stay stored and are not equal: {_difference(ckpt, first, second)}; "
+            "edit the config yourself if the model should tie them",
+            ckpt.path,
+        )
+    return companions
