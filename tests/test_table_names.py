@@ -267,3 +267,28 @@ def test_spelling_of_a_dropped_target_follows_its_source() -> None:
     assert file_memory.spell(("lm_head.weight", "other.weight")) == ("lm_head.weight", "other.weight")
     converted = Spelling({"lm_head.weight": None}, frozenset({"e.weight"}))
     assert converted.spell(("lm_head.weight", "e.weight")) == ("lm_head.weight", "e.weight")
+
+
+@pytest.mark.parametrize("name", CLASSES)
+def test_retie_of_a_cloned_head_drops_the_stored_head_and_loads_back(
+    saved: Callable[[str], Pair], name: str, tmp_path: Path
+) -> None:
+    """retie's loader rule reads the class's ties in the file's spelling: the cloned head (stored
+    as embed_out / language_model.lm_head) is dropped, check passes, from_pretrained restores it."""
+    pair = saved(name)
+
+    def clone(weights: dict[str, np.ndarray]) -> None:
+        weights[pair.head] = weights[pair.embedding].copy()
+
+    source = _edited(pair.tied, tmp_path, clone)
+    out = tmp_path / "retied"
+    assert main(["retie", str(source), str(out)]) == 0
+    stored = load_file(str(out / "model.safetensors"))
+    assert pair.head not in stored and pair.embedding in stored
+    assert main(["check", str(out)]) == 0
+    cls = getattr(transformers, name)
+    with torch.no_grad():
+        loaded = cls.from_pretrained(out)
+        expected = torch.from_numpy(load_file(str(source / "model.safetensors"))[pair.head])
+        assert torch.equal(loaded.get_output_embeddings().weight, expected)
+        assert loaded.get_output_embeddings().weight is loaded.get_input_embeddings().weight

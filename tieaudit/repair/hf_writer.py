@@ -165,7 +165,7 @@ def _with_flag(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def class_pairs(ckpt: Checkpoint, config: Mapping[str, Any]) -> set[tuple[str, str]]:
     """``(target, source)`` pairs the model class ties when the flag is true (empty: unresolved)."""
-    ties, _ = config_ties(_with_flag(config), os.path.join(ckpt.path, CONFIG))
+    ties, _ = config_ties(_with_flag(config), os.path.join(ckpt.path, CONFIG), stored=ckpt.names)
     return {(t.target, t.source) for t in ties}
 
 
