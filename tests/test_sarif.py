@@ -75,7 +75,7 @@ def test_a_small_report_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
             "message": {
                 "text": "head holds the same bytes as emb in separate storage (8.0 KiB wasted): values that "
                 "are equal are not a tie; each copy trains and loads as its own parameter. "
-                "Fix: tieaudit retie models/m.safetensors models/m-retied.safetensors"
+                "Fix: tieaudit retie models/m.safetensors models/m-retied.safetensors --all-equal"
             },
             "locations": [{"physicalLocation": {"artifactLocation": artifact}}],
             "partialFingerprints": {

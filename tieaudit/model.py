@@ -171,6 +171,10 @@ class ModelConfig:
     roles: VocabRoles | None = None
     """The class's vocabulary tensors; None when ``architectures`` names no class, several, or one
     the tie table does not answer for (then only tensors whose role is unambiguous are used)."""
+    class_ties: tuple[tuple[str, str], ...] | None = None
+    """``(target, source)`` pairs the class ties under some setting of its switches, spelled as
+    stored; None when the class is not known (as for ``roles``). Equal tensors outside these are
+    equal by construction, not a tie the loader restores."""
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from tieaudit.compare import BlockComparer, difference, equal_bytes
 from tieaudit.detect import CopyGroup, find_copies, lookup_tables
-from tieaudit.findings import RULES, Finding
+from tieaudit.findings import Finding
 from tieaudit.graph import AliasGraph, TieState
 from tieaudit.model import Checkpoint, TensorInfo
 from tieaudit.policy import Policy
@@ -43,10 +43,51 @@ def group_relation(group: CopyGroup) -> str:
     return relations.pop() if len(relations) == 1 else "mixed"
 
 
+def _components(pairs: tuple[tuple[str, str], ...]) -> dict[str, int]:
+    """Name -> component number of the graph the pairs draw (names tied together share one)."""
+    parent: dict[str, str] = {}
+
+    def root(name: str) -> str:
+        while parent.setdefault(name, name) != name:
+            name = parent[name]
+        return name
+
+    for a, b in pairs:
+        parent[root(a)] = root(b)
+    roots: dict[str, int] = {}
+    return {name: roots.setdefault(root(name), len(roots)) for name in list(parent)}
+
+
+def _by_construction(ckpt: Checkpoint, group: CopyGroup) -> bool:
+    """Whether the checkpoint's model class is known and ties no two names of the group: equal by
+    construction (deterministic initialisation, fixed tables), not a tie the loader restores."""
+    class_ties = ckpt.config.class_ties if ckpt.config is not None else None
+    if class_ties is None:
+        return False
+    component = _components(class_ties)
+    found = [component[name] for name in group.names if name in component]
+    return len(found) == len(set(found))
+
+
+def _loader_restores(ckpt: Checkpoint, group: CopyGroup, declared: set[frozenset[str]]) -> bool:
+    """Whether retie's default re-ties the group: a folder's loader restores the class's ties, a
+    safetensors file's loader the pairs its metadata records; other formats any copy."""
+    if ckpt.format == "hf-dir":
+        return (
+            ckpt.config is not None
+            and ckpt.config.class_ties is not None
+            and not _by_construction(ckpt, group)
+        )
+    if ckpt.format == "safetensors":
+        return any(frozenset((a, b)) in declared for a in group.names for b in group.names if a != b)
+    return True
+
+
 def copy_findings(
     ckpt: Checkpoint, groups: list[CopyGroup], declared: set[frozenset[str]]
 ) -> Iterator[Finding]:
-    """TIE001: one finding per copy group; its wasted bytes count every stored copy once."""
+    """TIE001: one finding per copy group; its wasted bytes count every stored copy once. A group
+    the known model class does not tie is a note: equal by construction, and retie leaves it."""
     for group in groups:
         relation = group_relation(group)
         parts = []
@@ -55,21 +96,30 @@ def copy_findings(
             if copies:
                 verb = "holds" if len(copies) == 1 else "hold"
                 parts.append(f"{', '.join(copies)} {verb} {_WHAT[kind]} {group.kept}")
-        tied_note = (
-            " The config declares them tied, but they are stored as separate tensors."
-            if any(frozenset((a, b)) in declared for a in group.names for b in group.names)
-            else ""
-        )
+        by_construction = _by_construction(ckpt, group)
+        if by_construction:
+            architecture = ckpt.config.architectures[0] if ckpt.config and ckpt.config.architectures else "?"
+            note = (
+                f" The model class {architecture} does not tie them: equal by construction (deterministic "
+                "initialisation, fixed tables), not a lost tie. retie leaves them; with --all-equal it "
+                "drops all but one, which from_pretrained would then initialise randomly."
+            )
+        elif any(frozenset((a, b)) in declared for a in group.names for b in group.names):
+            note = " The config declares them tied, but they are stored as separate tensors."
+        else:
+            note = ""
+        fix = _fix(ckpt, {m.relation for m in group.members})
+        if fix.startswith("tieaudit retie") and not _loader_restores(ckpt, group, declared):
+            fix += " --all-equal"
         yield Finding(
             "TIE001",
-            "warning",
+            "note" if by_construction else "warning",
             group.names,
             f"{'; '.join(parts)} in separate storage ({human_bytes(group.wasted_bytes)} wasted): "
-            f"values that are equal are not a tie; each copy trains and loads as its own parameter."
-            + tied_note,
+            f"values that are equal are not a tie; each copy trains and loads as its own parameter." + note,
             relation=relation,
             wasted_bytes=group.wasted_bytes,
-            fix=_fix(ckpt, {m.relation for m in group.members}),
+            fix=fix,
             details={"kept": group.kept, "relations": {m.name: m.relation for m in group.members}},
         )
 
@@ -219,7 +269,7 @@ def evaluate(graph: AliasGraph, policy: Policy, extra: tuple[Finding, ...] = ())
     for finding in found:
         if finding.rule in policy.ignore:
             continue
-        severity = policy.severity.get(finding.rule, RULES[finding.rule].severity)
+        severity = policy.severity.get(finding.rule, finding.severity)
         result.append(
             Finding(
                 finding.rule,

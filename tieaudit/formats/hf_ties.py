@@ -266,6 +266,21 @@ def class_roles(config: Mapping[str, Any], path: str, stored: Collection[str]) -
     return VocabRoles(architectures[0], role(embedding), role(output), role(bias))
 
 
+def class_tie_pairs(
+    config: Mapping[str, Any], path: str, stored: Collection[str]
+) -> tuple[tuple[str, str], ...] | None:
+    """Every pair the one class ``architectures`` names ties under some setting of its switches,
+    spelled as stored; None under the same conditions as ``class_roles``."""
+    architectures = stated_architectures(config, path)
+    entry = tie_table().entry(architectures[0]) if len(architectures) == 1 else None
+    if entry is None or not isinstance(resolve(entry, config, path), Answer):
+        return None
+    spelling = Spelling.of(entry, stored)
+    pairs = {(t, s) for group in entry.raw["groups"] for t, s in group["ties"].items()}
+    spelled = {(a, b) for a, b in (spelling.spell((t, s)) for t, s in pairs)}
+    return tuple(sorted(spelled))
+
+
 def model_config(
     config: Mapping[str, Any] | None,
     path: str,
@@ -287,4 +302,5 @@ def model_config(
         tokenizer_vocab_size=tokenizer_size,
         file=os.path.basename(path),
         roles=class_roles(config, path, stored),
+        class_ties=class_tie_pairs(config, path, stored),
     )
