@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 # torch is pinned before the project: 2.13.0 is the local CPU wheel; a range would pull a CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: install demo test lint fixtures bench fuzz clean
+.PHONY: install demo test lint fixtures bench fuzz clean tie-table
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -19,6 +19,11 @@ install: $(STAMP)
 
 fixtures: $(STAMP)
 	$(PY) fixtures/generate.py fixtures/generated
+
+# The model-class tie table (tieaudit/formats/tie_table.json) from the installed transformers:
+# run after changing the pinned transformers version, then commit the table.
+tie-table: $(STAMP)
+	$(PY) scripts/gen_tie_table.py --jobs 2
 
 demo: $(STAMP)
 	$(PY) scripts/demo.py demo

@@ -139,8 +139,7 @@ def _reader(kind: str) -> Callable[[str], object]:
         "torch-legacy": TorchReader().read,
         "onnx": OnnxReader().read,
         "onnx-external": OnnxReader().read,
-        # The table resolves config ties: a mutated architecture must not import torch per input.
-        "hf-dir": HfDirReader(use_transformers=False).read,
+        "hf-dir": HfDirReader().read,
         "sniff": open_checkpoint,
     }
     return readers[kind]

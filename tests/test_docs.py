@@ -113,3 +113,34 @@ def test_the_pre_commit_hook(tmp_path: Path) -> None:
         assert files.search(name), name
     for name in ("model.onnx.data", "config.json", "notes.pt.txt"):
         assert not files.search(name), name
+
+
+def _named_limits() -> dict[str, str]:
+    """Every module-level MAX_* constant of the package -> its module."""
+    import ast
+
+    found = {}
+    for path in sorted((ROOT / "tieaudit").rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            for target in targets:
+                if isinstance(target, ast.Name) and target.id.startswith("MAX_") and target.id != "MAX_SHOWN":
+                    found[f"{target.id} {path.relative_to(ROOT / 'tieaudit')}"] = target.id
+    return found
+
+
+def test_every_named_limit_is_in_the_readme_with_its_reason() -> None:
+    """The Trust and limits table lists each MAX_* constant beside its module, with a reason."""
+    section = README.split("## Trust and limits", 1)[1].split("\n## ", 1)[0]
+    rows = {
+        (cells[0].strip("` "), cells[2].strip("` ")): cells[3].strip()
+        for line in section.splitlines()
+        if line.startswith("| `")
+        for cells in [line.strip("|").split("|")]
+    }
+    limits = _named_limits()
+    assert len(limits) > 30
+    for key, name in limits.items():
+        module = key.split(" ", 1)[1]
+        assert (name, module) in rows, f"{name} ({module}) is not in README's Trust and limits table"
+        assert len(rows[(name, module)]) > 20, f"{name}: no reason given"

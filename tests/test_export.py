@@ -212,3 +212,29 @@ def test_example_inputs_of_the_hf_wrapper_follow_dims(gpt2_folder: Path) -> None
     assert tuple(ids.shape) == (2, 5) and ids.dtype == torch.int64 and int(ids.max()) < 1000
     logits = source.module(*source.inputs)
     assert tuple(logits.shape) == (2, 5, 1000) and np.isfinite(logits.detach().numpy()).all()
+
+
+def test_a_folder_with_custom_code_is_refused_without_running_it_or_prompting(tmp_path: Path) -> None:
+    """Export builds the model, but never from code the folder ships (auto_map) and never online:
+    no prompt, the folder's module is not imported, exit 2 in one line."""
+    import subprocess
+
+    folder = tmp_path / "custom"
+    folder.mkdir()
+    (folder / "config.json").write_text(
+        '{"architectures": ["EvilForCausalLM"], "model_type": "evil", '
+        '"auto_map": {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"}}'
+    )
+    (folder / "evil.py").write_text("import pathlib\npathlib.Path('pwned_marker').touch()\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf")}
+    env.pop("HF_HUB_OFFLINE", None)
+    run = subprocess.run(
+        [str(Path(sys.executable).parent / "tieaudit"), "export", str(folder), str(tmp_path / "out.onnx")],
+        cwd=work, env=env, input="y\n", capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.startswith("tieaudit: error: "), run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert not list(tmp_path.rglob("pwned_marker")) and not (tmp_path / "out.onnx").exists()

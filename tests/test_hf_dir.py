@@ -101,9 +101,9 @@ def copy_of(folder: Path, tmp_path: Path) -> Path:
     return target
 
 
-def read(folder: Path, use_transformers: bool = True) -> Checkpoint:
-    """Read a folder; without transformers, config ties come from the built-in table."""
-    return HfDirReader(use_transformers).read(str(folder))
+def read(folder: Path | str) -> Checkpoint:
+    """Read a folder (config ties come from tieaudit's tie table)."""
+    return HfDirReader().read(str(folder))
 
 
 def config_ties(checkpoint: Checkpoint) -> dict[str, str]:
@@ -124,12 +124,6 @@ MODELS = sorted(BUILDERS)
 @pytest.mark.parametrize("name", MODELS)
 def test_config_ties_equal_the_live_models_ties(saved: Callable[[str], Saved], name: str) -> None:
     with read(saved(name).folder) as checkpoint:
-        assert config_ties(checkpoint) == saved(name).truth
-
-
-@pytest.mark.parametrize("name", MODELS)
-def test_table_resolver_alone_equals_the_live_models_ties(saved: Callable[[str], Saved], name: str) -> None:
-    with read(saved(name).folder, use_transformers=False) as checkpoint:
         assert config_ties(checkpoint) == saved(name).truth
         assert all("table" in t.where for t in checkpoint.declared_ties)
 
@@ -160,10 +154,9 @@ def test_bert_model_has_no_head_so_no_ties(saved: Callable[[str], Saved]) -> Non
 
 
 def test_where_names_the_resolver(saved: Callable[[str], Saved], tmp_path: Path) -> None:
-    # A class in the table is resolved without importing transformers (or torch).
     with read(saved("gpt2").folder) as checkpoint:
         assert [t.where for t in checkpoint.declared_ties] == ["config.json (tie_word_embeddings, table)"]
-    # A class the table does not know is asked of transformers itself, on the meta device.
+    # A class the old hand-written table did not hold comes from the generated table too.
     from safetensors.numpy import save_file
     from transformers import GPTNeoConfig
 
@@ -180,11 +173,11 @@ def test_where_names_the_resolver(saved: Callable[[str], Saved], tmp_path: Path)
     save_file({"transformer.wte.weight": np.zeros((64, 16), np.float32)}, str(tmp_path / "model.safetensors"))
     with read(str(tmp_path)) as checkpoint:
         assert [(t.target, t.source, t.where) for t in checkpoint.declared_ties] == [
-            ("lm_head.weight", "transformer.wte.weight", "config.json (tie_word_embeddings, transformers)")
+            ("lm_head.weight", "transformer.wte.weight", "config.json (tie_word_embeddings, table)")
         ]
 
 
-# --- the two resolvers agree ------------------------------------------------------------------
+# --- the table against transformers, on the saved configs -----------------------------------
 
 
 def variants(saved: Callable[[str], Saved]) -> list[dict[str, Any]]:
@@ -197,57 +190,44 @@ def variants(saved: Callable[[str], Saved]) -> list[dict[str, Any]]:
     return configs
 
 
-def test_table_and_transformers_resolvers_agree(saved: Callable[[str], Saved]) -> None:
+def test_table_answers_as_transformers_builds_the_same_configs(saved: Callable[[str], Saved]) -> None:
+    """For real saved configs (not the class defaults the generator starts from), the table's
+    answer is what transformers computes when it builds the class from that config."""
     for config in variants(saved):
         (architecture,) = config["architectures"]
-        flag = hf_ties.stated_tie_flag(config, "config.json")
-        from_transformers = hf_ties.transformers_ties(architecture, config)
-        assert from_transformers is not None, architecture
-        assert hf_ties.table_ties(architecture, flag) == from_transformers, (architecture, flag)
+        (resolution,) = hf_ties.resolve_ties(config, "config.json")
+        model_class = getattr(transformers, architecture)
+        with torch.device("meta"):
+            model = model_class(model_class.config_class.from_dict(dict(config)))
+        assert resolution.resolver == "table", architecture
+        assert dict(resolution.ties) == model.get_expanded_tied_weights_keys(all_submodels=True), config
 
 
-@pytest.mark.parametrize("architecture", sorted(hf_ties.TIE_TABLE))
-def test_table_entry_matches_installed_transformers(architecture: str) -> None:
-    rule = hf_ties.TIE_TABLE[architecture]
-    model_class = getattr(transformers, architecture)
-    assert dict(model_class._tied_weights_keys or {}) == dict(rule.ties)
-    config_class = model_class.config_class
-    assert config_class().tie_word_embeddings is rule.default_flag
-    assert config_class(tie_word_embeddings=False).tie_word_embeddings is rule.always
-
-
-@pytest.mark.parametrize("use_transformers", [True, False])
-def test_t5_ties_even_when_the_config_says_false(
-    saved: Callable[[str], Saved], tmp_path: Path, use_transformers: bool
-) -> None:
+def test_t5_ties_even_when_the_config_says_false(saved: Callable[[str], Saved], tmp_path: Path) -> None:
     folder = copy_of(saved("t5").folder, tmp_path)
     rewrite_json(folder / "config.json", tie_word_embeddings=False)
-    with read(folder, use_transformers) as checkpoint:
+    with read(folder) as checkpoint:
         assert config_ties(checkpoint) == saved("t5").truth
         assert checkpoint.config is not None and checkpoint.config.tie_word_embeddings is False
         assert "tie_word_embeddings=false forced to true" in checkpoint.declared_ties[0].where
 
 
-@pytest.mark.parametrize("use_transformers", [True, False])
-def test_bert_bias_tie_follows_the_flag(
-    saved: Callable[[str], Saved], tmp_path: Path, use_transformers: bool
-) -> None:
+def test_bert_bias_tie_follows_the_flag(saved: Callable[[str], Saved], tmp_path: Path) -> None:
     folder = copy_of(saved("bert-mlm").folder, tmp_path)
     rewrite_json(folder / "config.json", tie_word_embeddings=False)
-    with read(folder, use_transformers) as checkpoint:
+    with read(folder) as checkpoint:
         assert config_ties(checkpoint) == {}
 
 
-@pytest.mark.parametrize("use_transformers", [True, False])
 @pytest.mark.parametrize(("name", "tied"), [("gpt2", True), ("llama-tied", False)])
 def test_absent_flag_takes_the_class_default(
-    saved: Callable[[str], Saved], tmp_path: Path, name: str, tied: bool, use_transformers: bool
+    saved: Callable[[str], Saved], tmp_path: Path, name: str, tied: bool
 ) -> None:
     folder = copy_of(saved(name).folder, tmp_path)
     config = saved(name).config()
     del config["tie_word_embeddings"]
     (folder / "config.json").write_text(json.dumps(config))
-    with read(folder, use_transformers) as checkpoint:
+    with read(folder) as checkpoint:
         assert checkpoint.config is not None and checkpoint.config.tie_word_embeddings is None
         assert bool(config_ties(checkpoint)) is tied
         assert all("not stated, defaulted to true" in t.where for t in checkpoint.declared_ties)
@@ -259,7 +239,10 @@ def test_unknown_architecture_is_noted_not_guessed(saved: Callable[[str], Saved]
     with read(folder) as checkpoint:
         assert checkpoint.declared_ties == ()
         (note,) = checkpoint.skipped
-        assert "architecture MadeUpForCausalLM not known; config tie not resolved" in note.reason
+        assert note.reason == (
+            "architecture MadeUpForCausalLM is not in tieaudit's tie table "
+            f"(transformers {transformers.__version__}); config tie not resolved"
+        )
 
 
 def test_config_without_architectures_is_noted(saved: Callable[[str], Saved], tmp_path: Path) -> None:

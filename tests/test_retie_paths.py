@@ -424,3 +424,24 @@ def test_in_place_without_hard_links_or_exchange(
     assert _digest(Path(f"{source}.bak")) == before and _digest(source) != before
     _assert_same_values(source, expected)
     assert sorted(os.listdir(tmp_path)) == sorted([source.name, f"{source.name}.bak"])
+
+
+@pytest.mark.parametrize(
+    "link",
+    [("outside", "/nonexistent/file"), ("inside", "missing_inside"), ("loop", "loop")],
+    ids=lambda link: link[0],
+)
+def test_a_link_leading_nowhere_in_a_model_folder_is_refused_in_one_line(
+    link: tuple[str, str], corpus: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Measuring the input followed every link; one that leads nowhere was a traceback."""
+    source = tmp_path / "model"
+    shutil.copytree(corpus.path("hf_llama_cloned_head"), source)
+    name, target = link
+    os.symlink(target, source / name)
+    before = sorted(os.listdir(source))
+    assert main(["retie", str(source), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tieaudit: error: ") and len(err.strip().splitlines()) == 1, err
+    assert name in err
+    assert not (tmp_path / "out").exists() and sorted(os.listdir(source)) == before

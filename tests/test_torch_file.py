@@ -536,3 +536,31 @@ def test_pickle_member_in_lzma_or_bzip2_is_refused_before_decompressing(tmp_path
         members = {name: archive.read(name) for name in archive.namelist()}
     path = write_zip(tmp_path / "packed.pt", members, method)
     assert f"compression method {method}" in str(read_error(path))
+
+
+# ---------------------------------------------------------------- many non-tensor leaves
+
+
+def test_non_tensor_leaves_beyond_the_kept_ones_are_counted(tmp_path: Path) -> None:
+    """A state dict with 30,000 integer leaves: the first MAX_KEPT_SKIPPED are kept by name, the
+    rest counted, and the reports say how many there were in all."""
+    import json
+
+    from tieaudit.model import MAX_KEPT_SKIPPED
+
+    path = tmp_path / "steps.pt"
+    torch.save({"w": torch.zeros(4, 4), "steps": list(range(30_000))}, path)
+    with TorchReader().read(str(path)) as ckpt:
+        assert [t.name for t in ckpt.tensors] == ["w"]
+        assert len(ckpt.skipped) == MAX_KEPT_SKIPPED and ckpt.skipped_total == 30_000
+        assert ckpt.skipped[-1].name == f"steps.{MAX_KEPT_SKIPPED - 1}"
+    run = subprocess.run(
+        [sys.executable, "-m", "tieaudit", "inspect", str(path), "--format", "json"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    report = json.loads(run.stdout)
+    assert len(report["skipped"]) == MAX_KEPT_SKIPPED and report["skipped_total"] == 30_000
+    text = subprocess.run(
+        [sys.executable, "-m", "tieaudit", "inspect", str(path)], capture_output=True, text=True, check=True
+    )
+    assert "30000 non-tensor entries skipped" in text.stdout

@@ -66,6 +66,8 @@ def logits_only(model: torch.nn.Module) -> torch.nn.Module:
 def _hf_source(folder: str, dims: Mapping[str, int]) -> ExportSource:
     import torch
 
+    # Exporting builds the model, but never with code from the folder and never from the Hub.
+    os.environ["HF_HUB_OFFLINE"] = os.environ["TRANSFORMERS_OFFLINE"] = "1"
     try:
         import transformers
     except ImportError as exc:
@@ -74,7 +76,9 @@ def _hf_source(folder: str, dims: Mapping[str, int]) -> ExportSource:
     transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     try:
-        loaded = transformers.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
+        loaded = transformers.AutoModelForCausalLM.from_pretrained(
+            folder, local_files_only=True, trust_remote_code=False
+        )
     except (OSError, ValueError, KeyError) as exc:
         raise InputError(f"transformers cannot load it as a causal LM: {one_line(exc, 300)}", folder) from exc
     model: torch.nn.Module = loaded.eval()  # type: ignore[no-untyped-call]

@@ -124,6 +124,11 @@ class Consumer:
     """Name of the (sub)graph holding the node; ``main`` for the top graph."""
 
 
+MAX_KEPT_SKIPPED = 10_000
+"""Non-tensor entries a reader keeps by name; the rest are counted. A 64 KB pickle can hold
+hundreds of thousands of integer leaves: an object for each costs more than the read itself."""
+
+
 @dataclass(frozen=True)
 class Skipped:
     """An entry the reader saw but did not treat as a tensor."""
@@ -171,7 +176,9 @@ class Checkpoint:
     aliases: Mapping[str, str] = field(default_factory=dict)
     """ONNX: value names that are another name for an initializer (Identity outputs)."""
     skipped: tuple[Skipped, ...] = ()
-    """Entries that are not tensors (epoch counters, strings, ...)."""
+    """Entries that are not tensors (epoch counters, strings, ...), at most MAX_KEPT_SKIPPED."""
+    skipped_more: int = 0
+    """Further non-tensor entries, counted but not kept."""
     config: ModelConfig | None = None
     """Hugging Face config facts, for folders."""
     files: tuple[str, ...] = ()
@@ -185,6 +192,11 @@ class Checkpoint:
     def tensor(self, name: str) -> TensorInfo:
         """The tensor stored under name (KeyError when absent)."""
         return self._by_name[name]
+
+    @property
+    def skipped_total(self) -> int:
+        """Every non-tensor entry the reader saw, kept or only counted."""
+        return len(self.skipped) + self.skipped_more
 
     @property
     def names(self) -> frozenset[str]:

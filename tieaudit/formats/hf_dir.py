@@ -63,7 +63,9 @@ class FilePart:
     declared_ties: tuple[DeclaredTie, ...] = ()
     """Ties the file itself records (safetensors ``__metadata__``)."""
     skipped: tuple[Skipped, ...] = ()
-    """Entries the file's reader did not treat as tensors."""
+    """Entries the file's reader did not treat as tensors (at most MAX_KEPT_SKIPPED)."""
+    skipped_more: int = 0
+    """Further such entries, counted but not kept."""
     memory: dict[str, bytes] = field(default_factory=dict)
     """Storage bytes that live in memory rather than in the file, by storage id."""
 
@@ -206,7 +208,9 @@ def read_torch_part(folder: str, file: str) -> FilePart:
 
     with TorchReader().read(confined_path(folder, file)) as sub:
         memory = {sid: bytes(sub.store.buffer(s)) for sid, s in sub.storages.items() if s.file_offset < 0}
-        return FilePart(file, sub.tensors, dict(sub.storages), sub.declared_ties, sub.skipped, memory)
+        return FilePart(
+            file, sub.tensors, dict(sub.storages), sub.declared_ties, sub.skipped, sub.skipped_more, memory
+        )
 
 
 def rebased(part: FilePart, namespaced: bool) -> FilePart:
@@ -293,13 +297,12 @@ def gather_declarations(
     config: Mapping[str, Any] | None,
     weights: WeightSet,
     parts: list[FilePart],
-    use_transformers: bool,
 ) -> tuple[tuple[DeclaredTie, ...], list[Skipped]]:
     """Ties declared by config.json, shard metadata and the index; notes on what was not resolved."""
     ties: list[DeclaredTie] = []
     notes: list[Skipped] = []
     if config is not None:
-        ties, notes = config_ties(config, os.path.join(folder, CONFIG), use_transformers)
+        ties, notes = config_ties(config, os.path.join(folder, CONFIG))
     for part in parts:
         ties.extend(part.declared_ties)
         notes.extend(part.skipped)
@@ -332,10 +335,6 @@ class HfDirReader(Reader):
 
     format = "hf-dir"
 
-    def __init__(self, use_transformers: bool = True) -> None:
-        self.use_transformers = use_transformers
-        """Resolve config ties with the installed transformers when importable (else the table)."""
-
     def sniff(self, path: str, head: bytes) -> bool:
         return os.path.isdir(path)
 
@@ -346,7 +345,7 @@ class HfDirReader(Reader):
         parts = [read_part(folder, file, len(weights.files) > 1) for file in weights.files]
         check_weight_map(weights, parts, folder)
         tokenizer_size, tokenizer_files, tokenizer_notes = read_tokenizer(folder)
-        ties, notes = gather_declarations(folder, config, weights, parts, self.use_transformers)
+        ties, notes = gather_declarations(folder, config, weights, parts)
         index_files = [weights.index] if weights.index else []
         return Checkpoint(
             path=path,
@@ -356,6 +355,7 @@ class HfDirReader(Reader):
             store=byte_store(folder, parts),
             declared_ties=ties,
             skipped=tuple(notes + tokenizer_notes),
+            skipped_more=sum(part.skipped_more for part in parts),
             config=model_config(config, os.path.join(folder, CONFIG), tokenizer_size, TOKENIZER),
             files=tuple(config_files + index_files + list(weights.files) + tokenizer_files),
         )

@@ -28,7 +28,8 @@ from tieaudit.formats.safetensors_json import DuplicateKeyError, HeaderJsonError
 from tieaudit.formats.viewable import MAX_DIMS, check_viewable
 from tieaudit.model import Checkpoint, DeclaredBy, DeclaredTie, StorageInfo, TensorInfo, contiguous_strides
 
-MAX_HEADER_BYTES = 100_000_000  # the limit safetensors itself enforces
+MAX_HEADER_BYTES = 100_000_000
+"""Largest JSON header: the limit the safetensors library itself enforces (it refuses larger)."""
 
 SAFETENSORS_DTYPES: dict[str, str] = {
     "F64": "float64",

@@ -18,7 +18,7 @@ from tieaudit.errors import InputError
 from tieaudit.formats.pickle_vm import MAX_DEPTH
 from tieaudit.formats.torch_records import DtypeToken, Opaque, StorageRef, TensorRecord
 from tieaudit.formats.viewable import check_viewable
-from tieaudit.model import Checkpoint, Skipped, StorageInfo, TensorInfo
+from tieaudit.model import MAX_KEPT_SKIPPED, Checkpoint, Skipped, StorageInfo, TensorInfo
 
 MAX_VISITS = 1_000_000
 """Values visited while flattening; bounds work on pickles that share one container many times."""
@@ -190,14 +190,18 @@ def build_checkpoint(
     file = os.path.basename(path)
     tensors: list[TensorInfo] = []
     skipped: list[Skipped] = []
+    more = 0
     seen: set[str] = set()
     plain = _PLAIN_REASONS.get
     for name, record in _leaves(root, path):
         reason = plain(type(record))
         if name in seen:
-            skipped.append(Skipped(name, "name already used by an earlier entry"))
-        elif reason is not None:  # the common non-tensor leaves (optimizer indexes, hyperparameters)
-            skipped.append(Skipped(name, reason))
+            reason = "name already used by an earlier entry"
+        if reason is not None:  # the common non-tensor leaves (optimizer indexes, hyperparameters)
+            if len(skipped) < MAX_KEPT_SKIPPED:
+                skipped.append(Skipped(name, reason))
+            else:
+                more += 1
         elif isinstance(record, TensorRecord) and not record.flags and record.dtype in ITEMSIZE:
             offset = record.offset * itemsize(record.dtype)
             check_viewable(name, record.shape, record.strides, itemsize(record.dtype), offset, path)
@@ -205,8 +209,10 @@ def build_checkpoint(
             tensors.append(
                 TensorInfo(name, record.dtype, record.shape, record.strides, record.storage.key, offset, file)
             )
-        else:
+        elif len(skipped) < MAX_KEPT_SKIPPED:
             skipped.append(Skipped(name, _skip_reason(record)))
+        else:
+            more += 1
         seen.add(name)
     return Checkpoint(
         path=path,
@@ -215,5 +221,6 @@ def build_checkpoint(
         storages=_storage_infos(storages, tensors, locate, file),
         store=ByteStore(os.path.dirname(os.path.abspath(path))),
         skipped=tuple(skipped),
+        skipped_more=more,
         files=(file,),
     )

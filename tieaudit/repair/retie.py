@@ -68,10 +68,22 @@ def _writer(format: Format) -> Writer:
     return writer
 
 
+def _file_size(path: str) -> int:
+    """Bytes of a file as a copy reads it; a link that leads nowhere counts as the link itself."""
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        try:
+            return os.lstat(path).st_size
+        except OSError:
+            return 0
+
+
 def _size(path: str) -> int:
+    """Bytes of a file, or of every file in a folder (for the report's before and after sizes)."""
     if os.path.isdir(path):
-        return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files)
-    return os.path.getsize(path)
+        return sum(_file_size(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files)
+    return _file_size(path)
 
 
 def _fsync_all(files: list[str]) -> None:

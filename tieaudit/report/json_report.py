@@ -81,8 +81,8 @@ def report_dict(audit: Audit) -> dict[str, Any]:
     if ckpt.skipped:
         listed = ckpt.skipped[:MAX_LISTED_SKIPPED]
         report["skipped"] = [{"name": s.name, "reason": s.reason} for s in listed]
-        if len(ckpt.skipped) > len(listed):
-            report["skipped_total"] = len(ckpt.skipped)
+        if ckpt.skipped_total > len(listed):
+            report["skipped_total"] = ckpt.skipped_total
     if ckpt.config is not None:
         config = ckpt.config
         report["config"] = {

@@ -15,6 +15,7 @@ from tieaudit.graph import TieState
 from tieaudit.units import human_bytes
 
 MAX_TENSOR_ROWS = 30
+"""Tensors listed in the text report (the largest first); --format json lists every one."""
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "note": "cyan"}
 
 
@@ -129,7 +130,7 @@ def render_text(audit: Audit, color: bool = False, width: int = 120) -> str:
     if hidden:
         console.print(f"{hidden} smaller tensors not shown; --format json lists every tensor.")
     if ckpt.skipped:
-        console.print(f"{len(ckpt.skipped)} non-tensor entries skipped (--format json lists them).")
+        console.print(f"{ckpt.skipped_total} non-tensor entries skipped (--format json lists them).")
     return buffer.getvalue()
 
 

@@ -1,0 +1,6 @@
+"""``python -m tieaudit``: the same command line as the ``tieaudit`` script."""
+
+from tieaudit.cli import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())
