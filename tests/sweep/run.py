@@ -1,17 +1,22 @@
 """Run the sweep: every (class, variant) in a worker process with a timeout and a memory cap.
 
     python -m tests.sweep.run [--classes A,B ...] [--variants on/hf-clone,...] [--jobs N]
-                              [--out report.json] [--timeout S] [--memory GIB] [--keep DIR]
+                              [--out report.json] [--markdown LAST_RUN.md] [--timeout S]
+                              [--deadline S] [--memory GIB] [--keep DIR]
 
 Workers import torch and transformers once and take the cases of one class after another (a
 class's built models and truth are reused across its variants). A case that exceeds the timeout
 or kills its worker (memory cap, crash) is recorded as such, and a fresh worker takes the
-remaining cases. The table goes to stdout, the JSON report to --out.
+remaining cases. With --deadline no class is started after that many seconds (classes are
+taken in sweep order, so a cut-off run covers a prefix of it; the report names the classes not
+run). Each result is appended to ``<out>.jsonl`` as it arrives, so an interrupted run keeps what
+it did. The table goes to stdout, the JSON report to --out, the summary to --markdown.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
@@ -99,9 +104,12 @@ class Worker:
 
 def sweep(
     work_plan: list[tuple[str, list[str]]], jobs: int, timeout: float, memory: int, work: str,
-    keep: bool, log: TextIO, progress: TextIO | None = sys.stderr,
+    keep: bool, log: TextIO, progress: TextIO | None = sys.stderr, deadline: float | None = None,
+    sink: TextIO | None = None,
 ) -> list[dict[str, Any]]:  # fmt: skip
-    """Run every case; results in plan order."""
+    """Run every case; results in plan order. deadline: seconds after which no class is started
+    (its cases are left out of the results); sink: each result as a JSON line as it arrives."""
+    begun = time.monotonic()
     todo: queue.Queue[tuple[int, str, list[str]]] = queue.Queue()
     for index, (name, cases) in enumerate(work_plan):
         todo.put((index, name, cases))
@@ -115,6 +123,8 @@ def sweep(
             try:
                 index, name, cases = todo.get_nowait()
             except queue.Empty:
+                break
+            if deadline is not None and time.monotonic() - begun > deadline:
                 break
             for position, variant in enumerate(cases):
                 current = current or Worker(work, memory, log)
@@ -131,6 +141,9 @@ def sweep(
                               "seconds": seconds, "disagreements": [], "notes": []}  # fmt: skip
                 with lock:
                     results[(index, position)] = result
+                    if sink is not None:
+                        sink.write(json.dumps(result) + "\n")
+                        sink.flush()
                     if progress is not None:
                         progress.write(f"[{len(results)}/{total}] {name} {variant}: {result['status']}\n")
                         progress.flush()
@@ -184,12 +197,103 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def markdown(
+    results: list[dict[str, Any]], names: list[str], meta: dict[str, Any], detail_width: int = 240
+) -> str:
+    """LAST_RUN.md: what was run, counts per variant and per cause, every disagreement with its
+    cause and detail, every case that did not run to an answer with its reason."""
+    s = summary(results)
+    ran = list(dict.fromkeys(r["class"] for r in results))
+    left = [n for n in names if n not in set(ran)]
+    lines = [
+        "# Architecture sweep: last run",
+        "",
+        "Written by `python -m tests.sweep.run --markdown` (`make sweep`); the full per-case report "
+        f"is the JSON next to it. Command: `{meta['command']}`.",
+        "",
+        f"- tieaudit commit {meta['commit']}, transformers {meta['transformers']}, torch {meta['torch']}",
+        f"- started {meta['started']} UTC, {meta['seconds']} s wall with {meta['jobs']} worker processes "
+        f"(nice {meta['nice']}), per-case timeout {meta['timeout']:.0f} s",
+        f"- classes: {len(ran)} run of the {len(names)} asked for"
+        + (f" (every class of the table from {ran[0]} to {ran[-1]}, in sweep order)" if ran else ""),
+    ]
+    if left:
+        shown = ", ".join(left[:8]) + (", ..." if len(left) > 8 else "")
+        lines.append(f"- NOT run ({len(left)} classes, the deadline of {meta['deadline']} s passed): {shown}")
+    statuses = Counter(r["status"] for r in results)
+    lines += [
+        f"- cases: {len(results)} (class x setting x form); "
+        + ", ".join(f"{k} {v}" for k, v in statuses.most_common()),
+        f"- classes agreeing on every case (n/a counted as agreeing): {s['classes_agreeing']} of {len(ran)}",
+        "",
+        "## Per variant",
+        "",
+        "| variant | " + " | ".join(k for k, _ in statuses.most_common()) + " |",
+        "|---|" + "---|" * len(statuses),
+    ]
+    by_variant: dict[str, Counter[str]] = defaultdict(Counter)
+    for r in results:
+        by_variant[r["variant"]][r["status"]] += 1
+    for variant in sorted(by_variant):
+        counts = by_variant[variant]
+        lines.append(f"| {variant} | " + " | ".join(str(counts[k]) for k, _ in statuses.most_common()) + " |")
+    per_cause: dict[str, list[tuple[dict[str, Any], str]]] = defaultdict(list)
+    for r in results:
+        seen = {}
+        for d in r["disagreements"]:
+            seen.setdefault(d["cause"], d["detail"])
+        for cause, detail in seen.items():
+            per_cause[cause].append((r, detail))
+    lines += ["", "## Disagreements by cause (cases with the cause; one example each)", ""]
+    lines += ["| cause | cases | classes | example (class, variant: detail) |", "|---|---|---|---|"]
+    for cause, items in sorted(per_cause.items(), key=lambda kv: -len(kv[1])):
+        r, detail = items[0]
+        example = _cell(f"{r['class']} {r['variant']}: {detail}", detail_width)
+        lines.append(f"| {cause} | {len(items)} | {len({i[0]['class'] for i in items})} | {example} |")
+    other = [r for r in results if r["status"] not in ("agree", "disagree", "n/a")]
+    if other:
+        lines += ["", "## Cases without an answer (cannot-build, error, timeout, crashed)", ""]
+        lines += [f"- {r['class']} {r['variant']}: {r['status']}: {_cell(r.get('reason', ''), detail_width)}"
+                  for r in other]  # fmt: skip
+    lines += ["", "## Every disagreement", ""]
+    for cause, items in sorted(per_cause.items()):
+        lines += [f"### {cause} ({len(items)} cases)", ""]
+        lines += [f"- {r['class']} {r['variant']}: {_cell(detail, detail_width)}" for r, detail in items]
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _cell(text: str, width: int) -> str:
+    """One line for a Markdown table: whitespace collapsed, pipes escaped, sweep folders elided."""
+    import re
+
+    text = re.sub(r"/tmp/tieaudit-sweep-[^/ ]+/", "<work>/", text)
+    text = re.sub(r"\s+", " ", text).replace("|", "\\|")
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _meta(args: argparse.Namespace, argv: list[str] | None, seconds: float) -> dict[str, Any]:
+    import importlib.metadata as md
+
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=models.ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    return {
+        "command": "python -m tests.sweep.run " + " ".join(sys.argv[1:] if argv is None else argv),
+        "commit": commit or "?", "transformers": md.version("transformers"), "torch": md.version("torch"),
+        "started": args.started, "seconds": seconds, "jobs": args.jobs, "nice": os.nice(0),
+        "timeout": args.timeout, "deadline": args.deadline,
+    }  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.sweep.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--classes", nargs="*", help="class names (comma or space separated); default all")
     parser.add_argument("--variants", help="comma-separated setting/form (on/hf-clone,...); default all")
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--out", help="write the JSON report here")
+    parser.add_argument("--out", help="the JSON report (results also go to <out>l as they come)")
+    parser.add_argument("--markdown", help="write the summary (LAST_RUN.md) here")
+    parser.add_argument("--deadline", type=float, help="start no class after this many seconds")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per case")
     parser.add_argument("--memory", type=float, default=4.0, help="GiB of address space per worker")
     parser.add_argument("--keep", help="write the cases' files under this folder and keep them")
@@ -208,17 +312,26 @@ def main(argv: list[str] | None = None) -> int:
     work = args.keep or tempfile.mkdtemp(prefix="tieaudit-sweep-")
     os.makedirs(work, exist_ok=True)
     started = time.monotonic()
-    with open(os.path.join(work, "workers.log"), "w") as log:
+    args.started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+    with contextlib.ExitStack() as stack:
+        log = stack.enter_context(open(os.path.join(work, "workers.log"), "w"))
+        sink = stack.enter_context(open(args.out + "l", "w")) if args.out else None
         results = sweep(plan(names, only), args.jobs, args.timeout, int(args.memory * (1 << 30)), work,
-                        bool(args.keep), log)  # fmt: skip
+                        bool(args.keep), log, deadline=args.deadline, sink=sink)  # fmt: skip
     seconds = round(time.monotonic() - started, 1)
     print(table(results))
     print(f"{seconds} s with --jobs {args.jobs}")
+    meta = _meta(args, argv, seconds)
     if args.out:
-        report = {"schema": "tieaudit.sweep/1", "table": str(models.table_path()), "jobs": args.jobs,
-                  "seconds": seconds, "summary": summary(results), "results": results}  # fmt: skip
+        ran = {r["class"] for r in results}
+        report = {"schema": "tieaudit.sweep/1", "table": str(models.table_path()), **meta,
+                  "not_run": [n for n in names if n not in ran], "summary": summary(results),
+                  "results": results}  # fmt: skip
         with open(args.out, "w") as handle:
             json.dump(report, handle, indent=1)
+    if args.markdown:
+        with open(args.markdown, "w") as handle:
+            handle.write(markdown(results, names, meta))
     if not args.keep:
         import shutil
 
