@@ -222,6 +222,11 @@ def _run(
             result["notes"].append(
                 f"{loader} does not load the input cleanly: {before.error or sorted(before.missing)[:3]}"
             )
-        gained = [frozenset(p) for p in out_ties.items()] if out_ties != live.class_ties else []
+        # retie may turn the config's switch on: the ties this loader's class then builds may
+        # appear (as groups: a BartModel ties shared, encoder and decoder embed_tokens together).
+        gained = []
+        if out_ties != live.class_ties and out_facts.config is not None:
+            ties = truth.config_ties(loader, out_facts.config)
+            gained = sorted(expect.components(set(ties.items())), key=sorted)
         found += reload.compare_loads(loader, before, reload.load_hf(loader, out), gained)
     return found

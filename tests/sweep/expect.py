@@ -160,7 +160,8 @@ def _show(groups: object) -> str:
     return str(groups)
 
 
-def _components(pairs: set[tuple[str, str]]) -> set[Group]:
+def components(pairs: set[tuple[str, str]]) -> set[Group]:
+    """The groups of names (target, source) pairs join."""
     comps: list[set[str]] = []
     for a, b in pairs:
         joined = [c for c in comps if a in c or b in c]
@@ -174,7 +175,7 @@ def compare_input(exp: Expected, got: Answer, exit_code: int) -> list[Disagreeme
     out: list[Disagreement] = []
     if exp.declared is not None and got.declared != exp.declared:
         hint = (
-            " (same names, other direction)" if _components(got.declared) == _components(exp.declared) else ""
+            " (same names, other direction)" if components(got.declared) == components(exp.declared) else ""
         )
         out.append(
             Disagreement(
@@ -182,11 +183,11 @@ def compare_input(exp: Expected, got: Answer, exit_code: int) -> list[Disagreeme
                 f"declared {_show(sorted(got.declared))}, live ties {_show(sorted(exp.declared))}{hint}",
             )
         )
-    if exp.declared is None and _components(got.declared) != set(exp.declared_groups):
+    if exp.declared is None and components(got.declared) != set(exp.declared_groups):
         out.append(
             Disagreement(
                 "declared-ties",
-                f"metadata ties {_show(_components(got.declared))}, live shares {_show(exp.declared_groups)}",
+                f"metadata ties {_show(components(got.declared))}, live shares {_show(exp.declared_groups)}",
             )
         )
     if set(got.groups) != set(exp.alias):

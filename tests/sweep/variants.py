@@ -89,6 +89,9 @@ def write(model: Any, live: Live, on_live: Live | None, form: str, dest: str) ->
     import torch
     from safetensors.torch import save_file, save_model
 
+    # save_pretrained records the class in config.json (architectures); the forms written without
+    # it record it the same way, whatever case this worker ran before on the same model.
+    model.config.architectures = [type(model).__name__]
     if form == "hf-st":
         model.save_pretrained(dest)
         return Written(dest, form)
