@@ -22,8 +22,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 TABLE_PATHS = (ROOT / "tieaudit" / "formats" / "tie_table.json", Path("/tmp/tie_table_preview.json"))
 
-MAX_PARAMS = 6_000_000
-"""A tiny model above this many parameters is refused: the shrinking missed a size."""
+MAX_PARAMS = 24_000_000
+"""A tiny model above this many parameters is refused: the shrinking missed a size. Conv stacks
+(audio codecs, detection backbones) keep their own widths; up to 96 MB of float32 they are swept."""
 
 
 def table_path() -> Path:
@@ -173,7 +174,10 @@ def shrink(d: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     layer_counts: dict[int, int] = {}
     for key, value in d.items():
-        if _is_int(value) and key.endswith("vocab_size") and key != "type_vocab_size":
+        if not isinstance(key, str):  # integer-keyed tables (Aria's patch-to-query map): kept
+            out[key] = value
+        elif _is_int(value) and "vocab_size" in key and key != "type_vocab_size":
+            # vocab_size, *_vocab_size, vocab_size_per_layer_input (Gemma 4's per-layer table)
             out[key] = min(value, VOCAB)
         elif isinstance(value, dict):
             out[key] = shrink(value) if key not in ("id2label", "label2id") else value
@@ -193,10 +197,15 @@ def shrink(d: dict[str, Any]) -> dict[str, Any]:
         else:
             out[key] = value
     vocab = out.get("vocab_size")
+    layers = min(layer_counts.values(), default=None)
     for key, value in list(out.items()):
+        if key == "per_layer_config" and isinstance(value, dict) and layers is not None:
+            # per-layer overrides of layers that no longer exist (the table's generator does the same)
+            out[key] = {k: v for k, v in value.items() if not (str(k).isdigit() and int(k) >= layers)}
+            continue
         if isinstance(value, list) and len(value) in layer_counts and key not in _WIDTH_LISTS | _ONES_LISTS:
             out[key] = value[: layer_counts[len(value)]]  # per-layer lists (layer_types, ...)
-        if _is_int(vocab) and _token_key(key):
+        if _is_int(vocab) and isinstance(key, str) and _token_key(key):
             out[key] = _fit_token(value, vocab)
     return out
 
@@ -226,12 +235,37 @@ def tiny_config_dict(subject: Subject, setting: str) -> dict[str, Any]:
     import transformers
 
     config_class = getattr(transformers, subject.config)
-    d = shrink(config_class().to_dict())
-    for path, value in (*subject.built_with, *FIXUPS.get(subject.model_type, {}).items()):
+    # built_with are the config class's arguments, as the table's generator passed them: some
+    # choose sub-configs (use_timm_backbone=False gives a ResNet backbone config, not timm's).
+    d = shrink(config_class(**dict(subject.built_with)).to_dict())
+    for path, value in FIXUPS.get(subject.model_type, {}).items():
         set_path(d, path, value)
+    _mamba_sizes(d)
     for path in subject.switches:
         set_path(d, path, setting == "on")
     return d
+
+
+def _mamba_sizes(d: dict[str, Any]) -> None:
+    """Mamba-2 mixers check heads x head size = expand x hidden size; the shrinking cuts each
+    alone, so the head size is derived again (every nested config too)."""
+    for value in d.values():
+        if isinstance(value, dict):
+            _mamba_sizes(value)
+    hidden = d.get("hidden_size")
+    if not _is_int(hidden):
+        return
+    for prefix in ("mamba_", ""):
+        heads, expand = d.get(prefix + "n_heads" if prefix else "num_heads"), d.get(prefix + "expand")
+        size_key = prefix + "d_head" if prefix else "head_dim"
+        if _is_int(heads) and _is_int(expand) and size_key in d:
+            inner = expand * hidden
+            d[size_key] = inner // heads
+            if _is_int(d.get("mamba_d_ssm")) and prefix:
+                d["mamba_d_ssm"] = inner
+            groups = prefix + "n_groups"
+            if _is_int(d.get(groups)) and heads % d[groups]:
+                d[groups] = 1
 
 
 def tiny_config(subject: Subject, setting: str) -> Any:
