@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 # torch is pinned before the project: 2.13.0 is the local CPU wheel; a range would pull a CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: install demo test lint fixtures bench fuzz clean tie-table
+.PHONY: install demo test lint fixtures bench fuzz clean tie-table sweep
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,17 @@ fixtures: $(STAMP)
 # run after changing the pinned transformers version, then commit the table.
 tie-table: $(STAMP)
 	$(PY) scripts/gen_tie_table.py --jobs 2
+
+# The architecture sweep (tests/sweep): every class of the tie table that transformers builds tiny
+# on CPU, each variant written, audited, retied and reloaded; tests/sweep/LAST_RUN.md and .json.
+# `make test` runs the fast subset (tests/test_sweep.py). SWEEP_ARGS adds options, for instance
+# SWEEP_ARGS='--deadline 3000' (start no class after 50 min) or '--classes GPT2LMHeadModel'.
+SWEEP_JOBS ?= 2
+SWEEP_TIMEOUT ?= 300
+SWEEP_ARGS ?=
+sweep: $(STAMP)
+	nice -n 10 $(PY) -m tests.sweep.run --jobs $(SWEEP_JOBS) --timeout $(SWEEP_TIMEOUT) \
+		--out tests/sweep/LAST_RUN.json --markdown tests/sweep/LAST_RUN.md $(SWEEP_ARGS)
 
 demo: $(STAMP)
 	$(PY) scripts/demo.py demo
