@@ -48,6 +48,7 @@ def test_case_agrees(results: dict[tuple[str, str], dict[str, Any]], name: str, 
     result = results[(name, variant)]
     if variant.endswith("/hf-bin") and result["status"] == "unsupported":
         # retie does not write pytorch_model.bin folders (README); inspect and check were compared
-        assert result["reason"].startswith("retie: ") and result["reason"].endswith(BIN_REFUSED), result["reason"]
+        reason = result["reason"]
+        assert reason.startswith("retie: ") and reason.endswith(BIN_REFUSED), reason
         return
     assert result["status"] == "agree", f"{name} {variant}: {_reason(result)}"
