@@ -144,3 +144,13 @@ def test_every_named_limit_is_in_the_readme_with_its_reason() -> None:
         module = key.split(" ", 1)[1]
         assert (name, module) in rows, f"{name} ({module}) is not in README's Trust and limits table"
         assert len(rows[(name, module)]) > 20, f"{name}: no reason given"
+
+
+def test_the_demo_runs_to_a_passing_check(tmp_path: Path) -> None:
+    """make demo's script: inspect and check find the copy, retie removes it, check then passes."""
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "demo.py"), str(tmp_path / "demo")],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "TIE001" in run.stdout and "check of the retied file exited 0" in run.stdout
