@@ -11,6 +11,7 @@ from tieaudit.findings import Finding
 from tieaudit.graph import AliasGraph, TieState
 from tieaudit.model import Checkpoint, TensorInfo
 from tieaudit.policy import Policy
+from tieaudit.repair.loaders import loader_rule
 from tieaudit.repair.plan import DEFAULT_RELATIONS, REPRESENTABLE
 from tieaudit.rules_vocab import vocab_findings
 from tieaudit.units import human_bytes
@@ -58,29 +59,13 @@ def _components(pairs: tuple[tuple[str, str], ...]) -> dict[str, int]:
     return {name: roots.setdefault(root(name), len(roots)) for name in list(parent)}
 
 
-def _by_construction(ckpt: Checkpoint, group: CopyGroup) -> bool:
-    """Whether the checkpoint's model class is known and ties no two names of the group: equal by
-    construction (deterministic initialisation, fixed tables), not a tie the loader restores."""
-    class_ties = ckpt.config.class_ties if ckpt.config is not None else None
-    if class_ties is None:
+def _by_construction(component: dict[str, int] | None, group: CopyGroup) -> bool:
+    """Whether the model class is known (component: its tie components) and ties no two names of
+    the group: equal by construction (deterministic initialisation, fixed tables), not a lost tie."""
+    if component is None:
         return False
-    component = _components(class_ties)
     found = [component[name] for name in group.names if name in component]
     return len(found) == len(set(found))
-
-
-def _loader_restores(ckpt: Checkpoint, group: CopyGroup, declared: set[frozenset[str]]) -> bool:
-    """Whether retie's default re-ties the group: a folder's loader restores the class's ties, a
-    safetensors file's loader the pairs its metadata records; other formats any copy."""
-    if ckpt.format == "hf-dir":
-        return (
-            ckpt.config is not None
-            and ckpt.config.class_ties is not None
-            and not _by_construction(ckpt, group)
-        )
-    if ckpt.format == "safetensors":
-        return any(frozenset((a, b)) in declared for a in group.names for b in group.names if a != b)
-    return True
 
 
 def copy_findings(
@@ -88,6 +73,9 @@ def copy_findings(
 ) -> Iterator[Finding]:
     """TIE001: one finding per copy group; its wasted bytes count every stored copy once. A group
     the known model class does not tie is a note: equal by construction, and retie leaves it."""
+    class_ties = ckpt.config.class_ties if ckpt.config is not None else None
+    component = _components(class_ties) if class_ties is not None else None
+    rule = loader_rule(ckpt) if groups else None  # retie's default, to say when it needs --all-equal
     for group in groups:
         relation = group_relation(group)
         parts = []
@@ -96,7 +84,7 @@ def copy_findings(
             if copies:
                 verb = "holds" if len(copies) == 1 else "hold"
                 parts.append(f"{', '.join(copies)} {verb} {_WHAT[kind]} {group.kept}")
-        by_construction = _by_construction(ckpt, group)
+        by_construction = _by_construction(component, group)
         if by_construction:
             architecture = ckpt.config.architectures[0] if ckpt.config and ckpt.config.architectures else "?"
             note = (
@@ -109,7 +97,8 @@ def copy_findings(
         else:
             note = ""
         fix = _fix(ckpt, {m.relation for m in group.members})
-        if fix.startswith("tieaudit retie") and not _loader_restores(ckpt, group, declared):
+        restored = rule is None or any(rule.accepts(a, b) for a in group.names for b in group.names if a != b)
+        if fix.startswith("tieaudit retie") and not restored:
             fix += " --all-equal"
         yield Finding(
             "TIE001",

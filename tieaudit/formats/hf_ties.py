@@ -236,20 +236,26 @@ def config_ties(
     return ties, notes
 
 
+def _one_class(config: Mapping[str, Any], path: str) -> tuple[TableEntry, Answer] | None:
+    """The table's entry and answer for the one class ``architectures`` names; None when it names
+    none or several, or the table does not answer for this config."""
+    architectures = stated_architectures(config, path)
+    entry = tie_table().entry(architectures[0]) if len(architectures) == 1 else None
+    if entry is None:
+        return None
+    answer = resolve(entry, config, path)
+    return (entry, answer) if isinstance(answer, Answer) else None
+
+
 def class_roles(config: Mapping[str, Any], path: str, stored: Collection[str]) -> VocabRoles | None:
     """The vocabulary tensors of the one class ``architectures`` names, spelled as stored; a role
     whose name is a tie target the file does not store is its source (BERT's tied
     ``cls.predictions.decoder.bias`` is stored as ``cls.predictions.bias``). None when
     ``architectures`` names no class or several, or the table does not answer for this config."""
-    architectures = stated_architectures(config, path)
-    if len(architectures) != 1:
+    resolved = _one_class(config, path)
+    if resolved is None:
         return None
-    entry = tie_table().entry(architectures[0])
-    if entry is None:
-        return None
-    answer = resolve(entry, config, path)
-    if not isinstance(answer, Answer):
-        return None
+    entry, answer = resolved
     spelling = Spelling.of(entry, stored)
 
     def role(name: str | None) -> str | None:
@@ -263,7 +269,7 @@ def class_roles(config: Mapping[str, Any], path: str, stored: Collection[str]) -
         return None  # a cycle of ties: the table never holds one
 
     embedding, output, bias = entry.embedding_names
-    return VocabRoles(architectures[0], role(embedding), role(output), role(bias))
+    return VocabRoles(entry.name, role(embedding), role(output), role(bias))
 
 
 def class_tie_pairs(
@@ -271,10 +277,10 @@ def class_tie_pairs(
 ) -> tuple[tuple[str, str], ...] | None:
     """Every pair the one class ``architectures`` names ties under some setting of its switches,
     spelled as stored; None under the same conditions as ``class_roles``."""
-    architectures = stated_architectures(config, path)
-    entry = tie_table().entry(architectures[0]) if len(architectures) == 1 else None
-    if entry is None or not isinstance(resolve(entry, config, path), Answer):
+    resolved = _one_class(config, path)
+    if resolved is None:
         return None
+    entry = resolved[0]
     spelling = Spelling.of(entry, stored)
     pairs = {(t, s) for group in entry.raw["groups"] for t, s in group["ties"].items()}
     spelled = {(a, b) for a, b in (spelling.spell((t, s)) for t, s in pairs)}
