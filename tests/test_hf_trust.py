@@ -215,7 +215,10 @@ def test_the_whole_corpus_audits_and_reties_without_torch_transformers_or_socket
     (tmp_path / "out").mkdir()
     runs = [["inspect", str(path), "--format", "json"] for path in entries]
     runs += [["check", str(path), "--format", "json", "--exit-zero"] for path in entries]
-    runs += [["retie", str(path), str(tmp_path / "out" / path.name)] for path in folders]
+    # A folder of pytorch_model.bin files is re-tied with torch (torch.save writes the views), like
+    # a .pt: test_retie_of_torch_files_without_torch_is_refused_in_one_line covers it without torch.
+    rewritable = [path for path in folders if not any(path.glob("*.bin"))]
+    runs += [["retie", str(path), str(tmp_path / "out" / path.name)] for path in rewritable]
     report = run_guarded(runs, tmp_path / "scratch")
     for argv, run in zip(runs, report["runs"], strict=True):
         assert "Traceback" not in run["stderr"], (argv, run["stderr"][-2000:])
@@ -227,3 +230,24 @@ def test_the_whole_corpus_audits_and_reties_without_torch_transformers_or_socket
     retied = [a for a, run in zip(runs, report["runs"], strict=True) if a[0] == "retie" and run["code"] == 0]
     assert len(retied) >= len(folders) // 2, retied
     assert {path: listing(path) if path.is_dir() else path.read_bytes() for path in entries} == before
+
+
+@pytest.mark.parametrize("fixture", ["hf_gpt2_bin", "torch_cloned_head"])
+def test_retie_of_torch_files_without_torch_is_refused_in_one_line(
+    corpus: Any, tmp_path: Path, fixture: str
+) -> None:
+    """Writing .pt or a folder's pytorch_model.bin needs the torch extra: without it, exit 2 and
+    one line saying so, nothing written (torch made unimportable in a fresh interpreter)."""
+    source, out = corpus.path(fixture), tmp_path / "out"
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from tieaudit.cli import main\n"
+        f"sys.exit(main(['retie', {str(source)!r}, {str(out)!r}]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT, check=False
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "needs torch" in lines[0] and "tieaudit[torch]" in lines[0], lines
+    assert list(tmp_path.iterdir()) == []

@@ -26,7 +26,7 @@ from safetensors.torch import load_file, load_model, save_file
 import tieaudit.repair.retie as retie_module
 from tieaudit import load_tied
 from tieaudit.cli import main
-from tieaudit.errors import OutputError, UnsafeInputError, UnsupportedFormatError, UsageError
+from tieaudit.errors import OutputError, UnsafeInputError, UsageError
 from tieaudit.repair.retie import retie
 from tieaudit.repair.st_stream import byte_chunks, header_bytes
 
@@ -272,10 +272,16 @@ def test_hf_copy_the_class_does_not_tie_is_left_with_a_reason(corpus: Any, tmp_p
     assert {left.kept, left.dropped} <= set(out_state) and "lm_head.weight" not in out_state
 
 
-def test_hf_bin_folder_refused(corpus: Any, tmp_path: Path) -> None:
-    with pytest.raises(UnsupportedFormatError, match="pytorch_model.bin"):
-        retie(str(corpus.path("hf_gpt2_bin")), str(tmp_path / "out"))
-    assert os.listdir(tmp_path) == []
+def test_hf_bin_folder_keeps_its_alias(corpus: Any, tmp_path: Path) -> None:
+    """A tied pytorch_model.bin folder (nothing to re-tie) is written with its alias intact
+    (tests/test_retie_bin.py covers copies in .bin folders)."""
+    import torch
+
+    result = retie(str(corpus.path("hf_gpt2_bin")), str(tmp_path / "out"))
+    assert not result.plan.applied
+    state = torch.load(str(tmp_path / "out" / "pytorch_model.bin"), weights_only=True)
+    head, embed = state["lm_head.weight"], state["transformer.wte.weight"]
+    assert head.untyped_storage().data_ptr() == embed.untyped_storage().data_ptr()
 
 
 def test_hf_side_files_copied_as_content_links_confined(corpus: Any, tmp_path: Path) -> None:

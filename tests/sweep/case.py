@@ -122,7 +122,9 @@ def compare_output(
             )
         if group in exp.must_leave and state != "left":
             result.append(Disagreement("retie-tied-by-construction", f"{sorted(group)} {state} by retie"))
-    result += expect.compare_findings(out_facts.copies, exp.broken, exp.vocab_misaligned, got, "after-retie:")
+    result += expect.compare_findings(
+        out_facts.copies, exp.broken, exp.vocab_misaligned, got, "after-retie:", list(out_facts.alias)
+    )
     if declared is not None and got.declared != declared:
         detail = f"declared {sorted(got.declared)}, the output's config ties {sorted(declared)}"
         result.append(Disagreement("after-retie:declared-ties", detail))
@@ -134,7 +136,7 @@ def _out_path(written: variants.Written, base: str) -> str:
 
 
 def run_case(ctx: Context, name: str, variant: str, keep: bool = False) -> dict[str, Any]:
-    """Run one case; the result is JSON-ready (status agree, disagree, unsupported, n/a,
+    """Run one case; the result is JSON-ready (status agree, disagree, n/a,
     cannot-build or error)."""
     setting, form = variant.split("/")
     started = time.monotonic()
@@ -158,9 +160,7 @@ def run_case(ctx: Context, name: str, variant: str, keep: bool = False) -> dict[
             return result
         found = _run(ctx, name, setting, written, live, on_live, base, result)
         result["disagreements"] = [{"cause": d.cause, "detail": d.detail} for d in found]
-        result["status"] = "disagree" if found else "unsupported" if "unsupported" in result else "agree"
-        if result["status"] == "unsupported":
-            result["reason"] = result["unsupported"]
+        result["status"] = "disagree" if found else "agree"
     except Exception as exc:  # a harness failure is reported as such, never as agreement
         result.update(
             status="error", reason=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()[-2000:]
@@ -196,11 +196,6 @@ def _run(
     try:
         retie(written.path, out)
     except Exception as exc:
-        if type(exc).__name__ == "UnsupportedFormatError" and written.form == "hf-bin":
-            # A documented limitation, refused in one line before anything is written: the case's
-            # status says so (never "agree"), and the input's answers above are still compared.
-            result["unsupported"] = f"retie: {str(exc)[:400]}"
-            return found
         cause = "retie-unsupported" if type(exc).__name__ == "UnsupportedFormatError" else "retie-error"
         return found + [Disagreement(cause, f"{type(exc).__name__}: {str(exc)[:400]}")]
     out_answer, _, problems = ask(out)

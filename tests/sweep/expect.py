@@ -199,7 +199,7 @@ def compare_input(exp: Expected, got: Answer, exit_code: int) -> list[Disagreeme
         out.append(
             Disagreement("alias-groups", f"groups {_show(got.groups)}, file shares {_show(exp.alias)}")
         )
-    out += compare_findings(exp.copies, exp.broken, exp.vocab_misaligned, got, "")
+    out += compare_findings(exp.copies, exp.broken, exp.vocab_misaligned, got, "", exp.alias)
     if got.wasted != exp.wasted:
         out.append(Disagreement("wasted-bytes", f"wasted_bytes {got.wasted}, copies waste {exp.wasted}"))
     if exit_code != exp.check_exit:
@@ -207,16 +207,24 @@ def compare_input(exp: Expected, got: Answer, exit_code: int) -> list[Disagreeme
     return out
 
 
+def by_storage(groups: list[Group], alias: list[Group]) -> list[Group]:
+    """Each group with every name replaced by the first name of its storage: a copy group may
+    name a storage by any of the names that share it (a .bin re-tied as views keeps them all)."""
+    first = {name: min(shared) for shared in alias for name in shared}
+    return sorted((frozenset(first.get(n, n) for n in g) for g in groups), key=sorted)
+
+
 def compare_findings(
-    copies: list[Group], broken: list[Group], misaligned: bool, got: Answer, where: str
+    copies: list[Group], broken: list[Group], misaligned: bool, got: Answer, where: str, alias: list[Group]
 ) -> list[Disagreement]:
-    """TIE001 one finding per copy group; TIE002 for broken ties; no TIE003; TIE004 as sizes say."""
+    """TIE001 one finding per copy group (compared storage by storage); TIE002 for broken ties;
+    no TIE003; TIE004 as sizes say."""
     out: list[Disagreement] = []
     found: dict[str, list[Group]] = {}
     for rule, names, _ in got.findings:
         found.setdefault(rule, []).append(names)
     tie001 = found.pop("TIE001", [])
-    if sorted(tie001, key=sorted) != sorted(copies, key=sorted):
+    if by_storage(tie001, alias) != by_storage(copies, alias):
         many = [g for g in copies if sum(f <= g for f in tie001) > 1]
         cause = "TIE001-split" if many else "TIE001-groups"
         out.append(Disagreement(where + cause, f"TIE001 on {_show(tie001)}, copies are {_show(copies)}"))

@@ -10,6 +10,7 @@
 ``hf-clone``    config.json + model.safetensors holding every tied name as a separate equal
                 tensor (with the switch off: the head holds a copy of the embedding)
 ``hf-diverged`` as hf-clone, one tied name perturbed (its first element + 0.5)
+``hf-bin-clone`` as hf-clone, written as pytorch_model.bin (retie keeps every name, as views)
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from typing import Any
 
 from tests.sweep.truth import Live
 
-FORMS = ("hf-st", "hf-bin", "pt", "st-file", "hf-clone", "hf-diverged")
-FOLDER_FORMS = ("hf-st", "hf-bin", "hf-clone", "hf-diverged")
+FORMS = ("hf-st", "hf-bin", "pt", "st-file", "hf-clone", "hf-diverged", "hf-bin-clone")
+FOLDER_FORMS = ("hf-st", "hf-bin", "hf-clone", "hf-diverged", "hf-bin-clone")
 
 
 class NotApplicable(Exception):
@@ -126,5 +127,8 @@ def write(model: Any, live: Live, on_live: Live | None, form: str, dest: str) ->
         flat[0] = flat[0] + 0.5
     disk = {k: v.detach().clone().contiguous() for k, v in _to_disk(model, state).items()}
     model.config.save_pretrained(dest)
-    save_file(disk, os.path.join(dest, "model.safetensors"), metadata={"format": "pt"})
+    if form == "hf-bin-clone":
+        torch.save(disk, os.path.join(dest, "pytorch_model.bin"))
+    else:
+        save_file(disk, os.path.join(dest, "model.safetensors"), metadata={"format": "pt"})
     return Written(dest, form, copied, perturbed)

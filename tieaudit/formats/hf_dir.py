@@ -174,6 +174,15 @@ def read_index(folder: str, name: str) -> WeightSet:
     return WeightSet(tuple(sorted(set(normalized.values()))), name, normalized, strings)
 
 
+TORCH_SUFFIXES = (".bin", ".pt", ".pth")
+"""Weight files of a folder that torch.load reads (the others are safetensors)."""
+
+
+def torch_weights(files: tuple[str, ...]) -> bool:
+    """True when a folder's weight files (or any of its files) include torch pickles."""
+    return any(file.endswith(TORCH_SUFFIXES) for file in files)
+
+
 def find_weights(folder: str) -> WeightSet:
     """The weight files to read, in transformers' order of preference."""
 

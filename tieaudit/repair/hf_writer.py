@@ -1,5 +1,8 @@
 """retie for Hugging Face model folders: weight files and index rewritten, everything else copied.
 
+This module writes safetensors weights; a folder of ``pytorch_model.bin`` files is written by
+``bin_writer`` (copies become views; the config and the other files are handled here alike).
+
 Dropped names leave the weight files and the index ``weight_map``; each is recorded where the
 readers look: ``{dropped: kept}`` (and ``tieaudit.ties`` for transposed or cast copies) in the
 index ``metadata`` for a sharded folder (huggingface_hub's convention), else in the
@@ -22,7 +25,15 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tieaudit.errors import UnsafeInputError, UnsupportedFormatError, UsageError
-from tieaudit.formats.hf_dir import CONFIG, WeightSet, confined_path, find_weights, load_json, read_config
+from tieaudit.formats.hf_dir import (
+    CONFIG,
+    WeightSet,
+    confined_path,
+    find_weights,
+    load_json,
+    read_config,
+    torch_weights,
+)
 from tieaudit.formats.hf_ties import TIE_FLAG, config_ties
 from tieaudit.formats.safetensors import read_header
 from tieaudit.model import Checkpoint, TensorInfo
@@ -37,8 +48,6 @@ from tieaudit.repair.safetensors_writer import (
     string_metadata,
 )
 from tieaudit.repair.st_stream import write_safetensors
-
-_BIN_REFUSED = "retie of pytorch_model.bin folders is not supported yet; convert to safetensors first"
 
 
 def side_files(folder: str, skip: Iterable[str]) -> list[str]:
@@ -222,18 +231,22 @@ def _folders(out: str) -> list[str]:
 
 
 class HfDirWriter(Writer):
-    """Hugging Face model folders whose weights are safetensors (single, sharded or loose)."""
+    """Hugging Face model folders: safetensors weights (single, sharded or loose) lose their
+    dropped names; pytorch_model.bin weights keep them as views (``bin_writer``)."""
 
     format = "hf-dir"
 
     def write(self, ckpt: Checkpoint, plan: RetiePlan, out: str) -> list[str]:
         folder = ckpt.path
         weights = find_weights(folder)
-        if not all(file.endswith(".safetensors") for file in weights.files):
-            raise UnsupportedFormatError(_BIN_REFUSED, folder)
+        pickles = torch_weights(weights.files)
+        if pickles and not all(torch_weights((file,)) for file in weights.files):
+            raise UnsupportedFormatError("the folder's weights mix torch and safetensors files", folder)
         applied = decision_records(ckpt, plan)
         config, _ = read_config(folder)
-        edited = None if config is None else retied_config(ckpt, config, applied, all_equal=plan.all_equal)
+        # In a .bin every name stays (a view), so none comes back randomly initialised.
+        lenient = plan.all_equal or pickles
+        edited = None if config is None else retied_config(ckpt, config, applied, all_equal=lenient)
         os.mkdir(out)
         rewritten = {*weights.files, *([weights.index] if weights.index else [])}
         if edited is not None:
@@ -241,6 +254,15 @@ class HfDirWriter(Writer):
         written = [copy_file(folder, rel, out) for rel in side_files(folder, rewritten)]
         if edited is not None:
             written.append(write_json(os.path.join(out, CONFIG), edited))
+        if pickles:
+            from tieaudit.repair.bin_writer import bin_index, write_bin_weights
+
+            weight_files, moved = write_bin_weights(ckpt, weights, plan, out)
+            written += weight_files
+            if weights.index is not None:
+                index = bin_index(ckpt, weights.index, moved, plan.saved_bytes)
+                written.append(write_json(os.path.join(out, weights.index), index))
+            return written + _folders(out)
         weight_files, for_index = rewrite_weights(ckpt, weights, applied, out)
         written += weight_files
         if weights.index is not None:

@@ -5,7 +5,9 @@ A dropped name comes back only through something the loader acts on.
 when the live model shares it with a stored one, so in a safetensors file (or a folder without
 config.json) only a pair such a record already names is re-tied by default: the record says the
 model that wrote it shares them. ``from_pretrained`` restores a name only through the model
-class's ties (the tie table, with ``tie_word_embeddings`` set), so in a model folder only those.
+class's ties (the tie table, with ``tie_word_embeddings`` set), so in a model folder only those; in a
+folder of ``pytorch_model.bin`` files the dropped name stays as a view, but ``from_pretrained``
+then loads the two names as one tensor, so the same pairs are the default there.
 Equal tensors nobody ties (deterministic initialisation such as Mamba's ``A_log`` in every layer,
 sinusoidal position tables in encoder and decoder, shared experts) are left unless --all-equal
 asks for them, with the consequence printed. ``torch.load`` restores every view and ONNX consumers
@@ -83,19 +85,28 @@ def loader_rule(ckpt: Checkpoint) -> LoaderRule | None:
             "safetensors.torch.load_model(strict=True) will refuse this file unless the model shares "
             "these tensors ({name} is not stored)",
         )
+    from tieaudit.formats.hf_dir import torch_weights
     from tieaudit.repair.hf_writer import class_pairs
 
     pairs = tuple(sorted(class_pairs(ckpt, config)))
     declared = tuple(sorted((t.target, t.source) for t in ckpt.declared_ties if t.declared_by == "config"))
-    return LoaderRule(
-        frozenset(frozenset(pair) for pair in pairs),
-        pairs,
-        declared,
-        f"{NOT_A_TIE} (from_pretrained restores a dropped name only through the model class's own "
-        f"ties, and {'the class does not tie these two' if pairs else _UNKNOWN_CLASS}: the copy would "
-        "come back randomly initialised)",
-        "from_pretrained will initialise {name} randomly: the model class does not tie it",
-    )
+    unties = "the class does not tie these two" if pairs else _UNKNOWN_CLASS
+    if torch_weights(ckpt.files):  # the name stays in the .bin as a view of the kept storage
+        why = (
+            f"{NOT_A_TIE} (from_pretrained loads names that share storage in a pytorch_model.bin as "
+            f"one tensor, and {unties}: the two would train as one)"
+        )
+        consequence = (
+            "from_pretrained will load {name} and the tensor kept as one tensor: the model class "
+            "does not tie them, and they would train as one"
+        )
+    else:
+        why = (
+            f"{NOT_A_TIE} (from_pretrained restores a dropped name only through the model class's "
+            f"own ties, and {unties}: the copy would come back randomly initialised)"
+        )
+        consequence = "from_pretrained will initialise {name} randomly: the model class does not tie it"
+    return LoaderRule(frozenset(frozenset(pair) for pair in pairs), pairs, declared, why, consequence)
 
 
 def max_difference(ckpt: Checkpoint, first: TensorInfo, second: TensorInfo) -> float:

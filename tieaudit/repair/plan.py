@@ -3,10 +3,10 @@
 By default a format gets only the relations its usual loaders restore by themselves: equal copies
 everywhere; transposed copies as views in .pt and as a Transpose node in ONNX. Transposed or cast
 copies in safetensors are restored only by ``tieaudit.load_tied``, so they are applied when asked
-for with --relations; a cast cannot be a view in .pt at all. In safetensors files and model
-folders an equal copy is re-tied by default only where the loader restores it (``loaders``: a
-recorded pair, or a pair the model class ties); --all-equal re-ties every equal copy and the plan
-says what the loader will do with each one.
+for with --relations; a cast cannot be a view in .pt (nor in a folder's pytorch_model.bin). In
+safetensors files and model folders an equal copy is re-tied by default only where the loader
+restores it (``loaders``: a recorded pair, or a pair the model class ties); --all-equal re-ties
+every equal copy and the plan says what the loader will do with each one.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from tieaudit.compare import BlockComparer, equal_bytes
 from tieaudit.detect import ALL_RELATIONS, CopyGroup, CopyMember, CopyRelation, find_copies, lookup_tables
 from tieaudit.errors import UsageError
+from tieaudit.formats.hf_dir import torch_weights
 from tieaudit.graph import AliasGraph
 from tieaudit.model import Checkpoint, Format
 from tieaudit.repair.loaders import LoaderRule, flag_companions, loader_rule
@@ -134,10 +135,18 @@ def _declared_equal_groups(graph: AliasGraph, covered: set[str]) -> list[CopyGro
     return groups
 
 
+def _representable(ckpt: Checkpoint) -> tuple[frozenset[str], str]:
+    """The relations the output can represent, and what to call the format when it cannot."""
+    if ckpt.format == "hf-dir" and torch_weights(ckpt.files):  # copies become views, as in .pt
+        return REPRESENTABLE["torch"], "pytorch_model.bin"
+    return REPRESENTABLE[ckpt.format], ckpt.format
+
+
 def _reason(member: CopyMember, ckpt: Checkpoint, options: _Options) -> str:
     """Why a copy is left as it is ('' when its relation is chosen and representable)."""
-    if member.relation not in REPRESENTABLE[ckpt.format]:
-        return f"a {member.relation} copy cannot be represented in {ckpt.format}; both stay stored"
+    representable, called = _representable(ckpt)
+    if member.relation not in representable:
+        return f"a {member.relation} copy cannot be represented in {called}; both stay stored"
     if member.relation not in options.chosen:
         if options.explicit:
             return f"{member.relation} not in --relations"

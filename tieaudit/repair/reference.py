@@ -28,6 +28,7 @@ from tieaudit.compare import BlockComparer
 from tieaudit.core.escape import printable
 from tieaudit.dtypes import to_numpy
 from tieaudit.errors import TieauditError
+from tieaudit.formats.hf_dir import torch_weights
 from tieaudit.model import Checkpoint, TensorInfo
 from tieaudit.repair.restore import Source, sources
 
@@ -251,17 +252,23 @@ class _Onnx(Loaded):
 
 
 class _Torch(Loaded):
-    def __init__(self, out: str) -> None:
+    """torch.load of one .pt, or of every pytorch_model.bin of a folder (names merged, as
+    from_pretrained merges its shards' state dicts)."""
+
+    def __init__(self, paths: list[str]) -> None:
         import torch
 
         from tieaudit.repair.torch_writer import load_weights, named_tensors
 
-        try:
-            root = load_weights(out)
-        except TieauditError as exc:
-            raise ReferenceMismatch(f"torch.load cannot load the output: {exc.message}") from exc
+        self._tensors: dict[str, Any] = {}
+        for path in paths:
+            try:
+                root = load_weights(path)
+            except TieauditError as exc:
+                raise ReferenceMismatch(f"torch.load cannot load the output: {exc.message}") from exc
+            for name, tensor in named_tensors(torch, root).items():
+                self._tensors.setdefault(name, tensor)
         self._torch = torch
-        self._tensors = named_tensors(torch, root)
         self.names = frozenset(self._tensors)
 
     def dtype_shape(self, name: str) -> tuple[str, tuple[int, ...]]:
@@ -362,8 +369,10 @@ def _loaded(out: str, written: Checkpoint) -> Loaded | None:
         if written.format == "onnx":
             return _Onnx(out, written)
         if written.format == "torch":
-            return _Torch(out)
+            return _Torch([out])
         files = sorted({s.file for s in written.storages.values()}) or [os.path.basename(out)]
+        if torch_weights(tuple(files)):
+            return _Torch([os.path.join(out, file) for file in files])
         return _Safetensors(out, written, files)
     except ImportError:
         return None

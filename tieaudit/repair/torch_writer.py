@@ -14,7 +14,7 @@ import pickle
 from collections.abc import Callable
 from typing import Any
 
-from tieaudit.errors import InputError
+from tieaudit.errors import InputError, UnsupportedFormatError
 from tieaudit.formats.torch_file import ROOT_NAME, ZIP_MAGIC
 from tieaudit.formats.torch_file import key_name as key_name  # the reader's naming, shared on purpose
 from tieaudit.model import Checkpoint
@@ -25,9 +25,21 @@ VisitLeaf = Callable[[str, Any], Any]
 """Called with each leaf's dotted name and value; returns the value to put in its place."""
 
 
+TORCH_MISSING = "writing PyTorch files needs torch, which is not installed: pip install 'tieaudit[torch]'"
+
+
+def torch_module(path: str) -> Any:
+    """The torch module; UnsupportedFormatError (exit 2, nothing written) when the extra is missing."""
+    try:
+        import torch
+    except ImportError:
+        raise UnsupportedFormatError(TORCH_MISSING, path) from None
+    return torch
+
+
 def load_weights(path: str) -> Any:
     """torch.load with weights_only, memory-mapped when the file is a zip archive."""
-    import torch
+    torch = torch_module(path)
 
     with open(path, "rb") as handle:
         zipped = handle.read(len(ZIP_MAGIC)) == ZIP_MAGIC
@@ -136,7 +148,7 @@ class TorchWriter(Writer):
 
     def write(self, ckpt: Checkpoint, plan: RetiePlan, out: str) -> list[str]:
         """Load ckpt with weights_only, re-tie the plan's copies, torch.save to out (zip format)."""
-        import torch
+        torch = torch_module(ckpt.path)
 
         root = load_weights(ckpt.path)
         torch.save(retied(torch, root, plan, ckpt.path), out)
