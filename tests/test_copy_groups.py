@@ -77,3 +77,18 @@ def test_mixed_relations_are_one_finding_with_each_relation(tmp_path: Path) -> N
     assert copies[0].details["relations"] == {"head.weight": "equal", "head_t.weight": "transposed"}
     assert copies[0].wasted_bytes == 2 * matrix.nbytes
     assert "--relations equal,transposed" in (copies[0].fix or "")
+
+
+def test_small_declared_chain_is_one_group(tmp_path: Path) -> None:
+    """Three small equal tensors tied through two declared pairs (``b`` to ``a``, ``c`` to ``b``),
+    below the copy search's size threshold (Udop's relative-position biases): one TIE001 naming
+    all three, and a retie that keeps the chain's root source and drops both others."""
+    path = tmp_path / "chain.safetensors"
+    values = np.random.default_rng(1).standard_normal((8, 4)).astype(np.float32)  # 128 bytes
+    save_file({n: values.copy() for n in "abc"}, str(path), metadata={"b": "a", "c": "b"})
+    findings = [f for f in audit_path(str(path)).findings if f.rule == "TIE001"]
+    assert [sorted(f.names) for f in findings] == [["a", "b", "c"]]
+    assert findings[0].wasted_bytes == 2 * values.nbytes
+    with open_checkpoint(str(path)) as ckpt:
+        plan = make_plan(build_graph(ckpt))
+    assert sorted((d.kept, d.dropped) for d in plan.applied) == [("a", "b"), ("a", "c")]

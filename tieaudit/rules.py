@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterator
 
 from tieaudit.compare import BlockComparer, difference, equal_bytes
+from tieaudit.declared_copies import declared_copy_groups
 from tieaudit.detect import CopyGroup, find_copies, lookup_tables
 from tieaudit.findings import Finding
 from tieaudit.graph import AliasGraph, TieState
@@ -118,8 +119,8 @@ def _tie_where(state: TieState) -> str:
 
 
 def declared_findings(graph: AliasGraph, grouped: list[frozenset[str]]) -> Iterator[Finding]:
-    """TIE002 (stored separately, values differ), TIE003 (only the target stored), and TIE001 for a
-    declared pair stored as an equal copy that the size threshold kept out of the search."""
+    """TIE002 (stored separately, values differ) and TIE003 (only the target stored); a declared
+    pair stored as an equal copy is in a copy group (grouped), reported as that group's TIE001."""
     ckpt = graph.checkpoint
     comparer = BlockComparer()
     seen: set[tuple[str, str]] = set()
@@ -161,17 +162,7 @@ def _compare_declared(
         )
         return
     if equal_bytes(ckpt, source, target, comparer):
-        yield Finding(
-            "TIE001",
-            "warning",
-            (source.name, target.name),
-            f"{_tie_where(state)}; both are stored with equal bytes in separate storage "
-            f"({human_bytes(target.nbytes)} wasted).",
-            relation="equal",
-            wasted_bytes=target.nbytes,
-            fix=_fix(ckpt, {"equal"}),
-        )
-        return
+        return  # an equal pair is in a copy group (declared_copies): reported as its TIE001
     max_abs, fraction = difference(ckpt, target, source)
     yield Finding(
         "TIE002",
@@ -244,6 +235,7 @@ def evaluate(graph: AliasGraph, policy: Policy, extra: tuple[Finding, ...] = ())
     groups = find_copies(
         ckpt, policy.relations, policy.min_bytes, lookup_names=lookup_tables(ckpt), sources=sources
     )
+    groups += declared_copy_groups(graph, frozenset(n for g in groups for n in g.names))
     grouped = [frozenset(g.names) for g in groups]
     declared = {frozenset((s.tie.target, s.tie.source)) for s in graph.ties}
     found = [

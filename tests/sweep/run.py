@@ -250,7 +250,13 @@ def markdown(
         r, detail = items[0]
         example = _cell(f"{r['class']} {r['variant']}: {detail}", detail_width)
         lines.append(f"| {cause} | {len(items)} | {len({i[0]['class'] for i in items})} | {example} |")
-    other = [r for r in results if r["status"] not in ("agree", "disagree", "n/a")]
+    ambiguous = [r for r in results if r["status"] == "ambiguous"]
+    if ambiguous:
+        title = "## Ambiguous ground truth (transformers' own save_pretrained folder shows the same)"
+        lines += ["", title, ""]
+        lines += [f"- {r['class']} {r['variant']}: {_cell('; '.join(r['ambiguous']), detail_width)}"
+                  for r in ambiguous]  # fmt: skip
+    other = [r for r in results if r["status"] not in ("agree", "disagree", "n/a", "ambiguous")]
     if other:
         lines += ["", "## Cases without an answer (cannot-build, error, timeout, crashed)", ""]
         lines += [f"- {r['class']} {r['variant']}: {r['status']}: {_cell(r.get('reason', ''), detail_width)}"

@@ -113,8 +113,11 @@ def config_ties(class_name: str, config: dict[str, Any]) -> dict[str, str]:
     import transformers
 
     model_class = getattr(transformers, class_name)
+    # save_pretrained writes Infinity as {"__float__": "Infinity"}; from_pretrained decodes it on
+    # reading the file (from_json_file), from_dict does not.
+    decode = getattr(model_class.config_class, "_decode_special_floats", lambda value: value)
     with torch.device("meta"):
-        model = model_class(model_class.config_class.from_dict(config))
+        model = model_class(model_class.config_class.from_dict(decode(config)))
     return dict(model.get_expanded_tied_weights_keys(all_submodels=True))
 
 

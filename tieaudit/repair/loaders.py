@@ -55,8 +55,21 @@ class LoaderRule:
     """What the loader does with such a copy re-tied under --all-equal (``{name}``: the dropped name)."""
 
     def accepts(self, first: str, second: str) -> bool:
-        """True when the loader restores either name from the other."""
-        return frozenset((first, second)) in self.accepted
+        """True when the loader restores either name from the other, directly or through a chain
+        of accepted pairs (a restored name is one tensor with every name tied to it)."""
+        if first == second or frozenset((first, second)) in self.accepted:
+            return True
+        reached, frontier = {first}, [first]
+        while frontier:
+            name = frontier.pop()
+            for pair in self.accepted:
+                if name in pair:
+                    for other in pair - reached:
+                        if other == second:
+                            return True
+                        reached.add(other)
+                        frontier.append(other)
+        return False
 
     def consequence_for(self, dropped: str) -> str:
         """The consequence of re-tying dropped although the loader does not restore it."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tieaudit.compare import BlockComparer, equal_bytes
+from tieaudit.declared_copies import declared_copy_groups
 from tieaudit.detect import ALL_RELATIONS, CopyGroup, CopyMember, CopyRelation, find_copies, lookup_tables
 from tieaudit.errors import UsageError
 from tieaudit.formats.hf_dir import torch_weights
@@ -115,24 +115,6 @@ def _rekeep(group: CopyGroup, keep: str, ckpt: Checkpoint) -> CopyGroup:
         )
         members.append(CopyMember(member.name, relation, transposed, member.nbytes))
     return CopyGroup(keep, tuple(members))
-
-
-def _declared_equal_groups(graph: AliasGraph, covered: set[str]) -> list[CopyGroup]:
-    """Declared ties stored as equal copies that the size threshold kept out of the search."""
-    ckpt = graph.checkpoint
-    comparer = BlockComparer()
-    groups = []
-    for state in graph.ties:
-        tie = state.tie
-        if not (state.target_stored and state.source_stored) or state.shared_storage:
-            continue
-        if tie.target in covered or tie.source in covered:
-            continue
-        source, target = ckpt.tensor(tie.source), ckpt.tensor(tie.target)
-        if equal_bytes(ckpt, source, target, comparer):
-            groups.append(CopyGroup(source.name, (CopyMember(target.name, "equal", False, target.nbytes),)))
-            covered |= {tie.target, tie.source}
-    return groups
 
 
 def _representable(ckpt: Checkpoint) -> tuple[frozenset[str], str]:
@@ -237,8 +219,7 @@ def make_plan(
     class_sources = frozenset(source for _, source in rule.class_pairs) if rule else frozenset()
     sources = frozenset(s.tie.source for s in graph.ties) | class_sources
     groups = find_copies(ckpt, ALL_RELATIONS, min_bytes, lookup_names=lookup_tables(ckpt), sources=sources)
-    covered = {name for group in groups for name in group.names}
-    groups += _declared_equal_groups(graph, covered)
+    groups += declared_copy_groups(graph, frozenset(name for group in groups for name in group.names))
     if keep is not None:
         if not any(keep in g.names for g in groups):
             raise UsageError(f"--keep {keep}: no copy group holds that name")

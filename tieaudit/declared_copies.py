@@ -1,0 +1,61 @@
+"""Declared ties stored as equal copies that the copy search did not group (below its size
+threshold, or constant): one copy group per set of names the declared ties connect.
+
+A declared tie is a pair, but a class may tie three or more names together through several pairs
+(Udop's relative-position bias: the encoder's first block, the encoder's and the decoder's bias
+modules); the pairs stored apart with equal bytes are merged, so that the gate reports one TIE001
+per group and retie keeps one name of it. The kept name is a declared source that no tie of the
+group names as a target (the name the model class loads), else the first name.
+"""
+
+from __future__ import annotations
+
+from tieaudit.compare import BlockComparer, equal_bytes
+from tieaudit.detect import CopyGroup, CopyMember
+from tieaudit.graph import AliasGraph
+
+
+def declared_copy_groups(graph: AliasGraph, covered: frozenset[str]) -> list[CopyGroup]:
+    """Equal-byte declared pairs stored in separate storage, none of whose names is covered (already
+    in a group the search found), merged into connected groups."""
+    ckpt = graph.checkpoint
+    comparer = BlockComparer()
+    parent: dict[str, str] = {}
+
+    def root(name: str) -> str:
+        while parent.setdefault(name, name) != name:
+            parent[name] = parent[parent[name]]
+            name = parent[name]
+        return name
+
+    sources: set[str] = set()
+    targets: set[str] = set()
+    for state in graph.ties:
+        tie = state.tie
+        if not (state.target_stored and state.source_stored) or state.shared_storage:
+            continue
+        if tie.target in covered or tie.source in covered or tie.target == tie.source:
+            continue
+        if root(tie.target) == root(tie.source):
+            continue  # already joined through other pairs, whose bytes were equal
+        if equal_bytes(ckpt, ckpt.tensor(tie.source), ckpt.tensor(tie.target), comparer):
+            parent[root(tie.target)] = root(tie.source)
+            sources.add(tie.source)
+            targets.add(tie.target)
+    members: dict[str, list[str]] = {}
+    for name in parent:
+        members.setdefault(root(name), []).append(name)
+    groups = []
+    for names in members.values():
+        if len(names) < 2:
+            continue
+        ordered = sorted(names)
+        roots = [n for n in ordered if n in sources and n not in targets]
+        kept = (roots or [n for n in ordered if n in sources] or ordered)[0]
+        groups.append(
+            CopyGroup(
+                kept,
+                tuple(CopyMember(n, "equal", False, ckpt.tensor(n).nbytes) for n in ordered if n != kept),
+            )
+        )
+    return sorted(groups, key=lambda g: g.names)
