@@ -775,7 +775,26 @@ def finish(cls: type, study: Study, size_dependent: bool) -> dict[str, Any]:
     absent = study.absent_is_default(table)
     if absent:
         entry["absent_is_default"] = absent
+    if flag_in_forward(cls):
+        entry["flag_in_forward"] = True
     return entry
+
+
+FLAG_READ = re.compile(r"\bconfig\.tie_word_embeddings\b")
+"""The flag read in code: ``self.config.tie_word_embeddings``."""
+
+
+def flag_in_forward(cls: type) -> bool:
+    """Whether the class's forward reads tie_word_embeddings: setting the flag then changes what
+    the model computes, not only what it ties (SwitchTransformers and Udop rescale the decoder
+    output before the head when it is set)."""
+    import inspect
+
+    try:
+        source = inspect.getsource(inspect.unwrap(cls.forward))
+    except (OSError, TypeError):
+        return False
+    return FLAG_READ.search(source) is not None
 
 
 def config_defaults() -> dict[str, bool | None]:
@@ -894,6 +913,7 @@ LEGEND = {
     "refused": "combinations transformers refuses (the config class raises, or the class does not build)",
     "built_with": "values stated on top of the class defaults so that they build (FIXUPS in the generator)",
     "unresolved": "why config ties of this class are not resolved from the table",
+    "flag_in_forward": "the class's forward reads tie_word_embeddings: setting it changes the outputs too",
 }
 
 

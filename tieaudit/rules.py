@@ -100,7 +100,8 @@ def copy_findings(
         fix = _fix(ckpt, {m.relation for m in group.members})
         restored = rule is None or any(rule.accepts(a, b) for a in group.names for b in group.names if a != b)
         if fix.startswith("tieaudit retie") and not restored:
-            fix += " --all-equal"
+            locked = rule.flag_locked if rule is not None else ""
+            fix = f"keep them: {locked}" if locked else fix + " --all-equal"
         yield Finding(
             "TIE001",
             "note" if by_construction else "warning",

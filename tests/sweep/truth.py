@@ -139,12 +139,34 @@ def vocab_sizes(model: Any) -> dict[str, int | None]:
     config = model.config
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     vocab = getattr(text, "vocab_size", None)
+    output_rows, output_bias = rows(outputs, "weight"), rows(outputs, "bias")
+    columns = logit_columns(model, vocab if isinstance(vocab, int) else 64)
+    if columns is not None and output_rows is not None and output_rows != columns:
+        # get_output_embeddings is not the projection the logits come from (non-legacy DeBERTa
+        # returns its hidden-to-hidden dense layer and projects with the word embeddings): the
+        # logits' width is the head's size.
+        output_rows, output_bias = columns, None
     return {
         "input_rows": rows(inputs, "weight"),
-        "output_rows": rows(outputs, "weight"),
-        "output_bias": rows(outputs, "bias"),
+        "output_rows": output_rows,
+        "output_bias": output_bias,
         "vocab_size": vocab if isinstance(vocab, int) else None,
     }
+
+
+def logit_columns(model: Any, vocab: int) -> int | None:
+    """The last dimension of the model's logits on a few token ids (None: no logits, or it does not run)."""
+    import torch
+
+    ids = (torch.arange(8).reshape(1, 8) * 7 + 3) % max(1, min(vocab, 64))
+    for kwargs in ({"input_ids": ids}, {"input_ids": ids, "decoder_input_ids": ids}):
+        try:
+            with torch.no_grad():
+                logits = getattr(model(**kwargs), "logits", None)
+        except Exception:
+            continue
+        return int(logits.shape[-1]) if torch.is_tensor(logits) else None
+    return None
 
 
 def sizes_disagree(vocab: dict[str, int | None]) -> bool:

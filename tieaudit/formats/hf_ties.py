@@ -287,6 +287,17 @@ def class_tie_pairs(
     return tuple(sorted(spelled))
 
 
+def flag_read_by(config: Mapping[str, Any], path: str) -> str | None:
+    """The first class ``architectures`` names whose forward reads ``tie_word_embeddings`` (setting
+    the flag would change what it computes, not only what it ties); None when no class does."""
+    table = tie_table()
+    for name in stated_architectures(config, path):
+        entry = table.entry(name)
+        if entry is not None and entry.flag_in_forward:
+            return name
+    return None
+
+
 def model_config(
     config: Mapping[str, Any] | None,
     path: str,

@@ -149,6 +149,11 @@ class TableEntry:
         )
 
     @property
+    def flag_in_forward(self) -> bool:
+        """The class's forward reads ``tie_word_embeddings``: setting it changes the outputs too."""
+        return self.raw.get("flag_in_forward") is True
+
+    @property
     def submodels(self) -> tuple[Submodel, ...]:
         """The PreTrainedModel modules below the top."""
         return tuple(

@@ -22,6 +22,7 @@ difference refuses, naming the largest one.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -53,6 +54,8 @@ class LoaderRule:
     """Why an equal copy outside ``accepted`` is left by default."""
     consequence: str
     """What the loader does with such a copy re-tied under --all-equal (``{name}``: the dropped name)."""
+    flag_locked: str = ""
+    """Why config.json's tie flag may not be set (the class's forward reads it); empty when it may."""
 
     def accepts(self, first: str, second: str) -> bool:
         """True when the loader restores either name from the other, directly or through a chain
@@ -99,6 +102,7 @@ def loader_rule(ckpt: Checkpoint) -> LoaderRule | None:
             "these tensors ({name} is not stored)",
         )
     from tieaudit.formats.hf_dir import torch_weights
+    from tieaudit.formats.hf_ties import flag_read_by
     from tieaudit.repair.hf_writer import class_pairs
 
     pairs = tuple(sorted(class_pairs(ckpt, config)))
@@ -119,6 +123,15 @@ def loader_rule(ckpt: Checkpoint) -> LoaderRule | None:
             f"own ties, and {unties}: the copy would come back randomly initialised)"
         )
         consequence = "from_pretrained will initialise {name} randomly: the model class does not tie it"
+    reader = flag_read_by(config, os.path.join(ckpt.path, "config.json"))
+    if reader is not None and set(pairs) - set(declared):
+        locked = (
+            f"{reader}'s forward reads tie_word_embeddings (it rescales the decoder output when the "
+            "flag is set), so setting it would change the model's outputs, not only its ties"
+        )
+        why = f"the model class ties these two only with tie_word_embeddings set, and {locked}"
+        accepted = frozenset(frozenset(pair) for pair in declared)
+        return LoaderRule(accepted, pairs, declared, why, consequence, flag_locked=locked)
     return LoaderRule(frozenset(frozenset(pair) for pair in pairs), pairs, declared, why, consequence)
 
 
@@ -157,11 +170,19 @@ def flag_companions(
     ckpt: Checkpoint, rule: LoaderRule, *, retied: Collection[frozenset[str]], dropped: Collection[str]
 ) -> list[tuple[str, str]]:
     """``(target, source)`` pairs the flag would tie besides the re-tied ones (``retied``), both
-    names still stored and bit for bit equal; refuses when such a pair differs. Empty when the plan
-    does not set the flag (no re-tied pair of the class, or config.json ties them already)."""
+    names still stored and bit for bit equal; refuses when such a pair differs, or when the flag
+    may not be set at all (``flag_locked``). Empty when the plan does not set the flag (no re-tied
+    pair of the class, or config.json ties them already)."""
     hits = {pair for pair in rule.class_pairs if frozenset(pair) in retied}
     if not hits or hits <= set(rule.declared):
         return []
+    if rule.flag_locked:
+        target, source = sorted(hits - set(rule.declared))[0]
+        raise UsageError(
+            f"re-tying {target} to {source} needs tie_word_embeddings set in config.json, but "
+            f"{rule.flag_locked}; nothing was written",
+            ckpt.path,
+        )
     stored = ckpt.names - set(dropped)
     comparer = BlockComparer()
     companions = []
