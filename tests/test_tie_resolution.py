@@ -126,15 +126,31 @@ def test_another_top_level_model_type_is_not_resolved() -> None:
     assert "model_type is 'llama', not simple" in reason(table_with(SIMPLE), {"model_type": "llama"})
 
 
-def test_a_value_the_ties_depend_on_must_be_the_assumed_one() -> None:
-    entry = table_with({**SIMPLE, "assumes": {"decoder_layers": 6, "layers_block_type": ["a", "b"]}})
-    assert answer(entry, {"decoder_layers": 6, "tie_word_embeddings": True}).ties == HEAD
-    assert "depend on decoder_layers, which config.json sets to 3" in reason(entry, {"decoder_layers": 3})
-    assert "sets to true" in reason(entry, {"decoder_layers": True})  # true is not 6, nor is it 1
+def test_a_value_the_ties_depend_on_gives_only_unnumbered_ties_when_it_differs() -> None:
+    """Layer counts other than the table's move the ties between numbered layers (Zamba's shared
+    blocks, DETR's per-layer heads), not those outside them (the word embeddings): only the latter
+    are given, and the answer says why the rest is not."""
+    ties = {**HEAD, "model.layers.5.block.weight": "model.layers.2.block.weight"}
+    entry = table_with(
+        {**SIMPLE, "groups": [{"on": ["1"], "ties": ties}],
+         "assumes": {"decoder_layers": 6, "layers_block_type": ["a", "b"]}}
+    )  # fmt: skip
+    whole = answer(entry, {"decoder_layers": 6, "tie_word_embeddings": True})
+    assert whole.ties == ties and whole.partial is None
+    part = answer(entry, {"decoder_layers": 3, "tie_word_embeddings": True})
+    assert part.ties == HEAD
+    assert part.partial is not None
+    assert "depend on decoder_layers, which config.json sets to 3" in part.partial
+    assert part.partial.endswith("ties between numbered layers not resolved")
+    untied = answer(entry, {"decoder_layers": 3})  # the switch ties nothing, at any size
+    assert untied.ties == {} and untied.partial is None
+    flagged = answer(entry, {"decoder_layers": True, "tie_word_embeddings": True})
+    assert "sets to true" in (flagged.partial or "")  # true is not 6, nor is it 1
     deep: list[Any] = []
     for _ in range(100_000):  # a nested value is compared without recursing into it
         deep = [deep]
-    assert "a list of 1 entries" in reason(entry, {"layers_block_type": deep})
+    nested = answer(entry, {"layers_block_type": deep, "tie_word_embeddings": True})
+    assert "a list of 1 entries" in (nested.partial or "")
 
 
 def test_combinations_transformers_refuses_are_not_resolved() -> None:

@@ -175,6 +175,10 @@ class ModelConfig:
     """``(target, source)`` pairs the class ties under some setting of its switches, spelled as
     stored; None when the class is not known (as for ``roles``). Equal tensors outside these are
     equal by construction, not a tie the loader restores."""
+    layer_templates: frozenset[str] | None = None
+    """When the table gives only the class's ties outside numbered layers for this config (other
+    layer counts): the names its ties use, numbers replaced by ``#`` (``model.layers.#.x.weight``);
+    an equal copy none of whose names matches one is equal by construction. None otherwise."""
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from tieaudit.compare import BlockComparer, difference, equal_bytes
 from tieaudit.declared_copies import declared_copy_groups
 from tieaudit.detect import CopyGroup, find_copies, lookup_tables
 from tieaudit.findings import Finding
+from tieaudit.formats.tie_table import layer_template
 from tieaudit.graph import AliasGraph, TieState
 from tieaudit.model import Checkpoint, TensorInfo
 from tieaudit.policy import Policy
@@ -76,6 +77,7 @@ def copy_findings(
     the known model class does not tie is a note: equal by construction, and retie leaves it."""
     class_ties = ckpt.config.class_ties if ckpt.config is not None else None
     component = _components(class_ties) if class_ties is not None else None
+    templates = ckpt.config.layer_templates if ckpt.config is not None else None
     rule = loader_rule(ckpt) if groups else None  # retie's default, to say when it needs --all-equal
     for group in groups:
         relation = group_relation(group)
@@ -85,7 +87,9 @@ def copy_findings(
             if copies:
                 verb = "holds" if len(copies) == 1 else "hold"
                 parts.append(f"{', '.join(copies)} {verb} {_WHAT[kind]} {group.kept}")
-        by_construction = _by_construction(component, group)
+        by_construction = _by_construction(component, group) or (
+            templates is not None and not any(layer_template(n) in templates for n in group.names)
+        )
         if by_construction:
             architecture = ckpt.config.architectures[0] if ckpt.config and ckpt.config.architectures else "?"
             note = (

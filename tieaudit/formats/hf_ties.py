@@ -17,7 +17,15 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from tieaudit.errors import InputError
-from tieaudit.formats.tie_table import TIE_FLAG, Answer, SwitchState, TableEntry, resolve, tie_table
+from tieaudit.formats.tie_table import (
+    TIE_FLAG,
+    Answer,
+    SwitchState,
+    TableEntry,
+    layer_template,
+    resolve,
+    tie_table,
+)
 from tieaudit.model import DeclaredTie, ModelConfig, Skipped, VocabRoles
 
 Resolver = Literal["table"]
@@ -63,7 +71,8 @@ class TieResolution:
     states: tuple[SwitchState, ...] = ()
     """The class's switches as stated and as acted on (empty when unresolved)."""
     note: str | None = None
-    """Why the config tie is not resolved (None when it is)."""
+    """Why the config tie is not resolved (None when it is), or, with a resolver, which of its
+    ties are not (a config whose layer counts differ from the table's)."""
 
     @property
     def effective(self) -> bool | None:
@@ -195,7 +204,8 @@ def resolve_class(architecture: str, config: Mapping[str, Any], path: str) -> Ti
         return TieResolution(
             architecture, {}, None, note=f"architecture {architecture} ({version}): {answer.reason}"
         )
-    return TieResolution(architecture, dict(answer.ties), "table", answer.states)
+    note = None if answer.partial is None else f"architecture {architecture} ({version}): {answer.partial}"
+    return TieResolution(architecture, dict(answer.ties), "table", answer.states, note)
 
 
 def resolve_ties(config: Mapping[str, Any], path: str) -> tuple[TieResolution, ...]:
@@ -221,7 +231,7 @@ def config_ties(
             notes.append(
                 Skipped(
                     f"{file}:architectures:{resolution.architecture}",
-                    f"{resolution.note}; config tie not resolved",
+                    resolution.note if resolution.resolver else f"{resolution.note}; config tie not resolved",
                 )
             )
         where = f"{file} ({resolution.basis})"
@@ -276,9 +286,10 @@ def class_tie_pairs(
     config: Mapping[str, Any], path: str, stored: Collection[str]
 ) -> tuple[tuple[str, str], ...] | None:
     """Every pair the one class ``architectures`` names ties under some setting of its switches,
-    spelled as stored; None under the same conditions as ``class_roles``."""
+    spelled as stored; None under the same conditions as ``class_roles``, and when the table gives
+    only part of the class's ties for this config (``Answer.partial``: other layer counts)."""
     resolved = _one_class(config, path)
-    if resolved is None:
+    if resolved is None or resolved[1].partial is not None:
         return None
     entry = resolved[0]
     spelling = Spelling.of(entry, stored)
@@ -296,6 +307,20 @@ def flag_read_by(config: Mapping[str, Any], path: str) -> str | None:
         if entry is not None and entry.flag_in_forward:
             return name
     return None
+
+
+def class_layer_templates(
+    config: Mapping[str, Any], path: str, stored: Collection[str]
+) -> frozenset[str] | None:
+    """For a partial answer (``Answer.partial``), the class's tied names (under any switch setting,
+    as stored) with numbers replaced by ``#``; None when the answer is whole or there is none."""
+    resolved = _one_class(config, path)
+    if resolved is None or resolved[1].partial is None:
+        return None
+    entry = resolved[0]
+    spelling = Spelling.of(entry, stored)
+    names = {n for group in entry.raw["groups"] for pair in group["ties"].items() for n in pair}
+    return frozenset(layer_template(spelling.spell((n,))[0]) for n in names)
 
 
 def model_config(
@@ -320,4 +345,5 @@ def model_config(
         file=os.path.basename(path),
         roles=class_roles(config, path, stored),
         class_ties=class_tie_pairs(config, path, stored),
+        layer_templates=class_layer_templates(config, path, stored),
     )

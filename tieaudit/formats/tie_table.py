@@ -84,6 +84,19 @@ class Answer:
     """``{target: source}`` (in-memory names, as transformers names them); empty: nothing tied."""
     states: tuple[SwitchState, ...]
     """The class's switches as stated, in table order (the first is the top-level flag)."""
+    partial: str | None = None
+    """Set when config.json states a value the class's tied names depend on (``assumes``) other
+    than the table's: only ties between names outside numbered layers are given, and this says why."""
+
+
+def _unnumbered(name: str) -> bool:
+    """True when no dotted segment of name is a number (a layer or list index)."""
+    return not any(part.isdigit() for part in name.split("."))
+
+
+def layer_template(name: str) -> str:
+    """name with every numbered segment replaced by ``#`` (the same name in any layer)."""
+    return ".".join("#" if part.isdigit() else part for part in name.split("."))
 
 
 @dataclass(frozen=True)
@@ -181,13 +194,15 @@ class TableEntry:
                 problem = self._other_sub_model(level, default_type, other, substituted)
                 if problem is not None:
                     return Unresolved(problem)
+        differs = None
         for key, value in sorted(self.raw.get("assumes", {}).items()):
             found = lookup(config, key)
             if found is not None and not _same(found, value):
-                return Unresolved(
+                differs = (
                     f"its tied names depend on {key}, which config.json sets to {_shown(found)} "
                     f"(the table holds the default, {_shown(value)})"
                 )
+                break
         states = tuple(self._state(switch, config, path, substituted) for switch in self.switches)
         combo = "".join(state.code for state in states)
         if combo in self.raw.get("refused", []):
@@ -197,7 +212,12 @@ class TableEntry:
         for group in self.raw["groups"]:
             if combo in group["on"]:
                 ties.update(group["ties"])
-        return Answer(ties, states)
+        if differs is None or not ties:  # tying nothing under these switches does not move with sizes
+            return Answer(ties, states)
+        # Names outside numbered layers (lm_head, embed_tokens) do not move with the layer counts;
+        # the ties between numbered layers (Zamba's shared blocks, DETR's per-layer heads) do.
+        kept = {t: s for t, s in ties.items() if _unnumbered(t) and _unnumbered(s)}
+        return Answer(kept, states, partial=f"{differs}: ties between numbered layers not resolved")
 
     def _other_sub_model(
         self, level: str, default_type: str, other: str, substituted: dict[str, str]

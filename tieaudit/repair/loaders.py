@@ -34,7 +34,10 @@ from tieaudit.model import Checkpoint, TensorInfo
 
 NOT_A_TIE = "equal by construction is not a tie; --all-equal re-ties it"
 """The start of the reason for every equal copy the loader would not restore."""
-_UNKNOWN_CLASS = "tieaudit's tie table gives no tie for the class config.json names"
+_UNKNOWN_CLASS = (
+    "tieaudit's tie table does not give every tie of the class config.json names (an unknown class, "
+    "or layer counts other than the table's)"
+)
 """Said instead of "the class does not tie these two" when the table gives the class no pair."""
 _RECORD_KINDS = frozenset({"metadata", "index"})
 """Who declares a recorded pair: a ``{dropped: kept}`` record in ``__metadata__`` or the index."""
@@ -107,7 +110,8 @@ def loader_rule(ckpt: Checkpoint) -> LoaderRule | None:
 
     pairs = tuple(sorted(class_pairs(ckpt, config)))
     declared = tuple(sorted((t.target, t.source) for t in ckpt.declared_ties if t.declared_by == "config"))
-    unties = "the class does not tie these two" if pairs else _UNKNOWN_CLASS
+    known = ckpt.config is not None and ckpt.config.class_ties is not None
+    unties = "the class does not tie these two" if pairs and known else _UNKNOWN_CLASS
     if torch_weights(ckpt.files):  # the name stays in the .bin as a view of the kept storage
         why = (
             f"{NOT_A_TIE} (from_pretrained loads names that share storage in a pytorch_model.bin as "

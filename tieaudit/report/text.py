@@ -11,7 +11,9 @@ from rich.text import Text
 from tieaudit.audit import Audit
 from tieaudit.check import CheckResult
 from tieaudit.core.escape import printable
+from tieaudit.formats.hf_dir import CONFIG
 from tieaudit.graph import TieState
+from tieaudit.model import Checkpoint
 from tieaudit.units import human_bytes
 
 MAX_TENSOR_ROWS = 30
@@ -22,6 +24,12 @@ _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "note": "cyan"}
 def cell(text: str, style: str = "") -> Text:
     """Text from the checkpoint as a table cell or line: escaped, and never read as rich markup."""
     return Text(printable(text), style=style)
+
+
+def config_notes(ckpt: Checkpoint) -> list[str]:
+    """What config.json's tie resolution left open (a class the table does not hold, layer counts
+    other than the table's), one line each, escaped."""
+    return [printable(f"{s.name}: {s.reason}") for s in ckpt.skipped if s.name.startswith(CONFIG + ":")]
 
 
 def cells(names: tuple[str, ...] | list[str]) -> Text:
@@ -129,6 +137,8 @@ def render_text(audit: Audit, color: bool = False, width: int = 120) -> str:
     console.print(table)
     if hidden:
         console.print(f"{hidden} smaller tensors not shown; --format json lists every tensor.")
+    for note in config_notes(ckpt):
+        console.print(Text(f"note: {note}"), highlight=False, soft_wrap=True)
     if ckpt.skipped:
         console.print(f"{ckpt.skipped_total} non-tensor entries skipped (--format json lists them).")
     return buffer.getvalue()
@@ -152,6 +162,8 @@ def render_check_text(result: CheckResult, color: bool = False, width: int = 120
             sep="",
             soft_wrap=True,
         )
+        for note in config_notes(ckpt):
+            console.print(Text(f"  note: {note}", style="dim"), highlight=False, soft_wrap=True)
         for finding, accepted in zip(checked.audit.findings, checked.baselined, strict=True):
             console.print(
                 Text(f"  {finding.rule} ", style="bold"),
