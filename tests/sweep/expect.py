@@ -147,6 +147,8 @@ class Answer:
     findings: list[tuple[str, Group, int]]
     """(rule, names, wasted_bytes)."""
     wasted: int
+    unresolved: str = ""
+    """tieaudit's own note that config.json's ties are not (all) resolved; empty when they are."""
 
 
 def answer_of(audit: object) -> Answer:
@@ -154,7 +156,9 @@ def answer_of(audit: object) -> Answer:
     declared = {(s.tie.target, s.tie.source) for s in graph.ties}
     groups = [frozenset(g.names) for g in graph.groups]
     findings = [(f.rule, frozenset(f.names), f.wasted_bytes) for f in audit.findings]  # type: ignore[attr-defined]
-    return Answer(declared, groups, findings, audit.summary()["wasted_bytes"])  # type: ignore[attr-defined]
+    notes = [s.reason for s in graph.checkpoint.skipped if s.name.startswith("config.json:")]
+    unresolved = next((n for n in notes if "not resolved" in n), "")
+    return Answer(declared, groups, findings, audit.summary()["wasted_bytes"], unresolved)  # type: ignore[attr-defined]
 
 
 def _show(groups: object) -> str:

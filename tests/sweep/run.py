@@ -256,7 +256,12 @@ def markdown(
         lines += ["", title, ""]
         lines += [f"- {r['class']} {r['variant']}: {_cell('; '.join(r['ambiguous']), detail_width)}"
                   for r in ambiguous]  # fmt: skip
-    other = [r for r in results if r["status"] not in ("agree", "disagree", "n/a", "ambiguous")]
+    unresolved = [r for r in results if r["status"] == "unresolved"]
+    if unresolved:
+        lines += ["", "## Announced by tieaudit as not resolved (its disagreements are listed below too)", ""]
+        lines += [f"- {r['class']} {r['variant']}: {_cell(r['unresolved'], detail_width)}"
+                  for r in unresolved]  # fmt: skip
+    other = [r for r in results if r["status"] not in ("agree", "disagree", "n/a", "ambiguous", "unresolved")]
     if other:
         lines += ["", "## Cases without an answer (cannot-build, error, timeout, crashed)", ""]
         lines += [f"- {r['class']} {r['variant']}: {r['status']}: {_cell(r.get('reason', ''), detail_width)}"
