@@ -217,8 +217,7 @@ def retied_config(
     if reader is not None:
         raise UsageError(
             f"re-tying these copies needs {TIE_FLAG} set in {CONFIG}, but {reader}'s forward reads that "
-            "flag (it rescales the decoder output), so setting it would change the model's outputs; "
-            "nothing was written",
+            "flag, so setting it would change the model's outputs; nothing was written",
             ckpt.path,
         )
     stored = ckpt.names - {r.dropped for r in applied}

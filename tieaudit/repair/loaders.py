@@ -130,8 +130,8 @@ def loader_rule(ckpt: Checkpoint) -> LoaderRule | None:
     reader = flag_read_by(config, os.path.join(ckpt.path, "config.json"))
     if reader is not None and set(pairs) - set(declared):
         locked = (
-            f"{reader}'s forward reads tie_word_embeddings (it rescales the decoder output when the "
-            "flag is set), so setting it would change the model's outputs, not only its ties"
+            f"{reader}'s forward reads tie_word_embeddings, so setting it would change the model's "
+            "outputs, not only its ties"
         )
         why = f"the model class ties these two only with tie_word_embeddings set, and {locked}"
         accepted = frozenset(frozenset(pair) for pair in declared)
