@@ -777,7 +777,51 @@ def finish(cls: type, study: Study, size_dependent: bool) -> dict[str, Any]:
         entry["absent_is_default"] = absent
     if flag_in_forward(cls):
         entry["flag_in_forward"] = True
+    rule = truncation(study, table, assumes) if size_dependent else None
+    if rule is not None:
+        entry["truncate"] = rule
     return entry
+
+
+TRUNCATION_CHECKS = (2, 3)
+"""The smaller counts a truncation rule is checked at (below the table's own)."""
+
+
+def truncation(study: Study, table: Mapping[str, Any], assumes: Mapping[str, Any]) -> dict[str, Any] | None:
+    """For a size-dependent class, a count whose smaller values only shorten numbered module lists
+    and drop the ties of their last entries (DETR heads: ``bbox_embed.N``, one per decoder layer,
+    one more with two_stage), the
+    other counts it assumes (``others``) changing nothing: the rule ``truncated`` applies at audit
+    time. Recorded only when transformers gives exactly its answer, at every combination of the
+    switches, with the count at each of TRUNCATION_CHECKS and at its default, the others cut to 2."""
+    from tieaudit.formats.layer_names import first_list, truncated
+
+    names = {n for ties in table.values() if ties for pair in ties.items() for n in pair}
+    lists = sorted({found for n in names if (found := first_list(n)) is not None})
+    counts = {p: v for p, v in sorted(assumes.items()) if type(v) is int and v > max(TRUNCATION_CHECKS)}
+    if not lists or len(counts) != len(assumes):
+        return None
+
+    def holds(values: Mapping[str, int], fewer: int) -> bool:
+        base = copy.deepcopy(study.base)
+        for path, value in values.items():
+            holder = dict_level(base, path)
+            if holder is None:
+                return False
+            holder[split_path(path)[1]] = value
+        return all(
+            study.ties(stated(base, study.switches, code), rebuild=True) == truncated(ties, lists, fewer)
+            for code, ties in table.items()
+            if ties is not None
+        )
+
+    for key, default in counts.items():
+        others = [p for p in counts if p != key]
+        cut = dict.fromkeys(others, 2)
+        checks = [*TRUNCATION_CHECKS, *([default] if others else [])]
+        if all(holds({**cut, key: count}, default - count) for count in checks):
+            return {"key": key, "lists": lists, "others": others, "checked": list(TRUNCATION_CHECKS)}
+    return None
 
 
 FLAG_READ = re.compile(r"\bconfig\.tie_word_embeddings\b")
@@ -914,6 +958,8 @@ LEGEND = {
     "built_with": "values stated on top of the class defaults so that they build (FIXUPS in the generator)",
     "unresolved": "why config ties of this class are not resolved from the table",
     "flag_in_forward": "the class's forward reads tie_word_embeddings: setting it changes the outputs too",
+    "truncate": "with key stated from 2 up to its assumed value (and others stated as anything), the ties "
+    "are those whose names index none of lists (first numbered segment) at that value or beyond",
 }
 
 

@@ -258,3 +258,21 @@ def test_the_table_answers_as_transformers_builds_real_configs(
     assert entry is not None
     found = answer(entry, {"architectures": [architecture], **config})
     assert dict(found.ties) == live_ties(architecture, config)
+
+
+def test_a_checked_truncation_rule_gives_the_ties_of_fewer_layers() -> None:
+    """DETR-family heads: one ``bbox_embed`` entry per decoder layer (the generator checked the rule
+    against transformers at 2 and 3 layers); with fewer layers the last entries' ties go, with more
+    than the table's the answer stays partial."""
+    ties = {f"model.decoder.bbox_embed.{i}.weight": f"bbox_embed.{i}.weight" for i in range(6)}
+    entry = table_with(
+        {**SIMPLE, "groups": [{"on": ["1"], "ties": ties}],
+         "assumes": {"decoder_layers": 6, "encoder_layers": 6},
+         "truncate": {"key": "decoder_layers", "lists": ["bbox_embed", "model.decoder.bbox_embed"],
+                      "others": ["encoder_layers"], "checked": [2, 3]}}
+    )  # fmt: skip
+    three = answer(entry, {"decoder_layers": 3, "encoder_layers": 1, "tie_word_embeddings": True})
+    assert three.partial is None
+    assert three.ties == {f"model.decoder.bbox_embed.{i}.weight": f"bbox_embed.{i}.weight" for i in range(3)}
+    more = answer(entry, {"decoder_layers": 8, "tie_word_embeddings": True})
+    assert more.ties == {} and more.partial is not None

@@ -9,7 +9,7 @@ from tieaudit.compare import BlockComparer, difference, equal_bytes
 from tieaudit.declared_copies import declared_copy_groups
 from tieaudit.detect import CopyGroup, find_copies, lookup_tables
 from tieaudit.findings import Finding
-from tieaudit.formats.tie_table import layer_template
+from tieaudit.formats.layer_names import layer_template
 from tieaudit.graph import AliasGraph, TieState
 from tieaudit.model import Checkpoint, TensorInfo
 from tieaudit.policy import Policy

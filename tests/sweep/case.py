@@ -122,8 +122,10 @@ def compare_output(
             )
         if group in exp.must_leave and state != "left":
             result.append(Disagreement("retie-tied-by-construction", f"{sorted(group)} {state} by retie"))
+    orphaned = expect.orphans(declared, out_facts.names)
+    alias = list(out_facts.alias)
     result += expect.compare_findings(
-        out_facts.copies, exp.broken, exp.vocab_misaligned, got, "after-retie:", list(out_facts.alias)
+        out_facts.copies, exp.broken, exp.vocab_misaligned, got, "after-retie:", alias, orphaned
     )
     if declared is not None and got.declared != declared:
         detail = f"declared {sorted(got.declared)}, the output's config ties {sorted(declared)}"
@@ -248,6 +250,13 @@ def _run(
             gained = sorted(expect.components(set(ties.items())), key=sorted)
         after = reload.load_hf(loader, out)
         problems = reload.compare_loads(loader, before, after, gained)
+        if problems and before.digests != reload.load_hf(loader, written.path).digests:
+            # No reference: loading the input twice gives different values (Deimv2 from its own
+            # save_pretrained folder, where only a tie target is stored).
+            result["ambiguous"].append(
+                f"{problems[0].detail}; {loader} loads the input twice with different values"
+            )
+            continue
         same_failure = (after.error, after.missing, after.mismatched) == (
             before.error, before.missing, before.mismatched
         )  # fmt: skip

@@ -43,6 +43,14 @@ class Expected:
     """Copy groups the class ties only with its switch on (this variant has it off)."""
     must_leave: list[Group] = field(default_factory=list)
     """Copy groups the class does not tie (equal by construction): retie's default leaves them."""
+    orphaned: list[Group] = field(default_factory=list)
+    """TIE003: declared ties whose target the file stores and whose source it does not (a layout
+    even transformers' own save_pretrained writes for some classes: Deimv2's per-layer heads)."""
+
+
+def orphans(declared: set[tuple[str, str]] | None, stored: frozenset[str]) -> list[Group]:
+    """Declared ties (target, source) whose target is stored and whose source is not."""
+    return [frozenset((t, s)) for t, s in sorted(declared or ()) if t in stored and s not in stored]
 
 
 def declared_after(live: Live, out_ties: dict[str, str]) -> set[tuple[str, str]]:
@@ -94,10 +102,11 @@ def expected(live: Live, on_live: Live | None, written: Written, facts: FileFact
     # A folder's copies its class ties under no setting are equal by construction: TIE001 notes,
     # below check's default --fail-on.
     gating = [g for g in copies if not (folder and g in must_leave)]
-    exit_code = 1 if gating or broken or misaligned else 0
+    orphaned = orphans(declared, facts.names)
+    exit_code = 1 if gating or broken or misaligned or orphaned else 0
     return Expected(
         declared, declared_groups, list(facts.alias), copies, wasted, broken, misaligned, exit_code,
-        must_tie, may_tie, must_leave,
+        must_tie, may_tie, must_leave, orphaned,
     )  # fmt: skip
 
 
@@ -203,7 +212,7 @@ def compare_input(exp: Expected, got: Answer, exit_code: int) -> list[Disagreeme
         out.append(
             Disagreement("alias-groups", f"groups {_show(got.groups)}, file shares {_show(exp.alias)}")
         )
-    out += compare_findings(exp.copies, exp.broken, exp.vocab_misaligned, got, "", exp.alias)
+    out += compare_findings(exp.copies, exp.broken, exp.vocab_misaligned, got, "", exp.alias, exp.orphaned)
     if got.wasted != exp.wasted:
         out.append(Disagreement("wasted-bytes", f"wasted_bytes {got.wasted}, copies waste {exp.wasted}"))
     if exit_code != exp.check_exit:
@@ -219,10 +228,11 @@ def by_storage(groups: list[Group], alias: list[Group]) -> list[Group]:
 
 
 def compare_findings(
-    copies: list[Group], broken: list[Group], misaligned: bool, got: Answer, where: str, alias: list[Group]
-) -> list[Disagreement]:
+    copies: list[Group], broken: list[Group], misaligned: bool, got: Answer, where: str, alias: list[Group],
+    orphaned: list[Group],
+) -> list[Disagreement]:  # fmt: skip
     """TIE001 one finding per copy group (compared storage by storage); TIE002 for broken ties;
-    no TIE003; TIE004 as sizes say."""
+    TIE003 for orphaned targets; TIE004 as sizes say."""
     out: list[Disagreement] = []
     found: dict[str, list[Group]] = {}
     for rule, names, _ in got.findings:
@@ -235,6 +245,9 @@ def compare_findings(
     tie002 = found.pop("TIE002", [])
     if set(tie002) != set(broken):
         out.append(Disagreement(where + "TIE002", f"TIE002 on {_show(tie002)}, broken ties {_show(broken)}"))
+    tie003 = found.pop("TIE003", [])
+    if set(tie003) != set(orphaned):
+        out.append(Disagreement(where + "TIE003", f"TIE003 on {_show(tie003)}, orphaned {_show(orphaned)}"))
     tie004 = found.pop("TIE004", [])
     if bool(tie004) != misaligned:
         detail = f"TIE004 on {_show(tie004)}" if tie004 else "no TIE004"

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from tieaudit.errors import InputError
+from tieaudit.formats.layer_names import layer_template
 from tieaudit.formats.tie_table import (
     TIE_FLAG,
     Answer,
     SwitchState,
     TableEntry,
-    layer_template,
     resolve,
     tie_table,
 )

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tieaudit.errors import InputError
+from tieaudit.formats.layer_names import truncated, unnumbered
 
 TABLE_RESOURCE = "tie_table.json"
 TABLE_SCHEMA = "tieaudit.tie-table/1"
@@ -87,16 +88,6 @@ class Answer:
     partial: str | None = None
     """Set when config.json states a value the class's tied names depend on (``assumes``) other
     than the table's: only ties between names outside numbered layers are given, and this says why."""
-
-
-def _unnumbered(name: str) -> bool:
-    """True when no dotted segment of name is a number (a layer or list index)."""
-    return not any(part.isdigit() for part in name.split("."))
-
-
-def layer_template(name: str) -> str:
-    """name with every numbered segment replaced by ``#`` (the same name in any layer)."""
-    return ".".join("#" if part.isdigit() else part for part in name.split("."))
 
 
 @dataclass(frozen=True)
@@ -195,14 +186,15 @@ class TableEntry:
                 if problem is not None:
                     return Unresolved(problem)
         differs = None
+        mismatched: dict[str, Any] = {}
         for key, value in sorted(self.raw.get("assumes", {}).items()):
             found = lookup(config, key)
             if found is not None and not _same(found, value):
-                differs = (
+                mismatched[key] = found
+                differs = differs or (
                     f"its tied names depend on {key}, which config.json sets to {_shown(found)} "
                     f"(the table holds the default, {_shown(value)})"
                 )
-                break
         states = tuple(self._state(switch, config, path, substituted) for switch in self.switches)
         combo = "".join(state.code for state in states)
         if combo in self.raw.get("refused", []):
@@ -214,10 +206,26 @@ class TableEntry:
                 ties.update(group["ties"])
         if differs is None or not ties:  # tying nothing under these switches does not move with sizes
             return Answer(ties, states)
+        count = self._truncation(mismatched)
+        if count is not None:
+            fewer = self.raw["assumes"][self.raw["truncate"]["key"]] - count
+            return Answer(truncated(ties, self.raw["truncate"]["lists"], fewer), states)
         # Names outside numbered layers (lm_head, embed_tokens) do not move with the layer counts;
         # the ties between numbered layers (Zamba's shared blocks, DETR's per-layer heads) do.
-        kept = {t: s for t, s in ties.items() if _unnumbered(t) and _unnumbered(s)}
+        kept = {t: s for t, s in ties.items() if unnumbered(t) and unnumbered(s)}
         return Answer(kept, states, partial=f"{differs}: ties between numbered layers not resolved")
+
+    def _truncation(self, mismatched: Mapping[str, Any]) -> int | None:
+        """The count to cut the ties at, when only the counts the table's ``truncate`` rule covers
+        differ (its key, from 2 up to the table's value, and the counts it found changing nothing)."""
+        rule = self.raw.get("truncate")
+        if not isinstance(rule, dict) or not set(mismatched) <= {rule["key"], *rule.get("others", ())}:
+            return None
+        default = self.raw["assumes"][rule["key"]]
+        count = mismatched.get(rule["key"], default)
+        if type(count) is not int or not 2 <= count <= default:
+            return None
+        return count
 
     def _other_sub_model(
         self, level: str, default_type: str, other: str, substituted: dict[str, str]
