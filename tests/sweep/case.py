@@ -249,6 +249,11 @@ def _run(
             ties = truth.config_ties(loader, out_facts.config)
             gained = sorted(expect.components(set(ties.items())), key=sorted)
         after = reload.load_hf(loader, out)
+        # transformers may warn about the perturbed tie (stored twice, values differ) on the output
+        # only, once retie dropped the equal copies around it: a true statement, not a difference.
+        after.warnings = frozenset(
+            w for w in after.warnings if not any(all(n in w for n in group) for group in exp.broken)
+        )
         problems = reload.compare_loads(loader, before, after, gained)
         if problems and before.digests != reload.load_hf(loader, written.path).digests:
             # No reference: loading the input twice gives different values (Deimv2 from its own
