@@ -4,12 +4,11 @@ tieaudit's own verification reads the output with tieaudit's readers; where a re
 with the library people load the file with, retie would vouch for bytes nobody else reads. So the
 staged output is read again by the reference loader, where it is installed:
 ``safetensors.safe_open(framework="numpy")`` for safetensors files and Hugging Face shards,
-``onnx.load`` plus each tensor's external data for ONNX, ``torch.load(weights_only=True,
-mmap=True)`` for .pt (torch is imported for .pt outputs only). Every original name is compared
-with the input bit for bit, a block of rows at a time (memory bounded by a block for safetensors
-and .pt, by one tensor for ONNX); a name the format restores from a record (``{dropped: kept}``
-metadata, the shard index, ``tieaudit.ties``, ONNX Identity aliases) is compared after applying the
-record, as tieaudit's own verification does.
+``onnx.load`` plus each tensor's external data for ONNX, ``torch.load(weights_only=True, mmap=True)``
+for .pt and a folder's .bin files (torch is imported for those only). Every original name is
+compared with the input bit for bit, a block of rows at a time (memory bounded by a block for
+safetensors and .pt, by one tensor for ONNX); a name restored from a record (``{dropped: kept}``
+metadata, the shard index, ``tieaudit.ties``, ONNX Identity aliases) is compared after applying it.
 """
 
 from __future__ import annotations
@@ -252,8 +251,7 @@ class _Onnx(Loaded):
 
 
 class _Torch(Loaded):
-    """torch.load of one .pt, or of every pytorch_model.bin of a folder (names merged, as
-    from_pretrained merges its shards' state dicts)."""
+    """torch.load of one .pt, or of every .bin of a folder (names merged, as from_pretrained does)."""
 
     def __init__(self, paths: list[str]) -> None:
         import torch
