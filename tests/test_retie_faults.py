@@ -285,7 +285,7 @@ def test_short_writes_are_completed(
 
 SLOWED = textwrap.dedent(
     """
-    import shutil, sys, time
+    import shutil, signal, sys, time
     import tieaudit.repair.st_stream as st
     import tieaudit.repair.verify as verify
     from tieaudit.cli import main
@@ -315,6 +315,9 @@ SLOWED = textwrap.dedent(
         return real_rmtree(*args, **kwargs)
 
     st.write_tensor, verify._problem, shutil.rmtree = slow_write, slow_problem, slow_rmtree
+    # As in a terminal: a shell's background job (a CI step run with &) starts its children with
+    # SIGINT ignored, and tieaudit keeps an ignored signal ignored (core.interrupts).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.exit(main(["retie", sys.argv[2], sys.argv[3]]))
     """
 )
