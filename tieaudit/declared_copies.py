@@ -11,6 +11,7 @@ group names as a target (the name the model class loads), else the first name.
 from __future__ import annotations
 
 from tieaudit.compare import BlockComparer, equal_bytes
+from tieaudit.core.components import Components
 from tieaudit.detect import CopyGroup, CopyMember
 from tieaudit.graph import AliasGraph
 
@@ -20,33 +21,21 @@ def declared_copy_groups(graph: AliasGraph, covered: frozenset[str]) -> list[Cop
     in a group the search found), merged into connected groups."""
     ckpt = graph.checkpoint
     comparer = BlockComparer()
-    parent: dict[str, str] = {}
-
-    def root(name: str) -> str:
-        while parent.setdefault(name, name) != name:
-            parent[name] = parent[parent[name]]
-            name = parent[name]
-        return name
-
+    joined = Components()
     sources: set[str] = set()
     targets: set[str] = set()
     for state in graph.ties:
         tie = state.tie
         if not (state.target_stored and state.source_stored) or state.shared_storage:
             continue
-        if tie.target in covered or tie.source in covered or tie.target == tie.source:
-            continue
-        if root(tie.target) == root(tie.source):
-            continue  # already joined through other pairs, whose bytes were equal
+        if tie.target in covered or tie.source in covered or joined.same(tie.target, tie.source):
+            continue  # a copy group already, or joined through other pairs, whose bytes were equal
         if equal_bytes(ckpt, ckpt.tensor(tie.source), ckpt.tensor(tie.target), comparer):
-            parent[root(tie.target)] = root(tie.source)
+            joined.join(tie.target, tie.source)
             sources.add(tie.source)
             targets.add(tie.target)
-    members: dict[str, list[str]] = {}
-    for name in parent:
-        members.setdefault(root(name), []).append(name)
     groups = []
-    for names in members.values():
+    for names in joined.groups():
         if len(names) < 2:
             continue
         ordered = sorted(names)

@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterator
 
 from tieaudit.compare import BlockComparer, difference, equal_bytes
+from tieaudit.core.components import Components
 from tieaudit.declared_copies import declared_copy_groups
 from tieaudit.detect import CopyGroup, find_copies, lookup_tables
 from tieaudit.findings import Finding
@@ -46,21 +47,6 @@ def group_relation(group: CopyGroup) -> str:
     return relations.pop() if len(relations) == 1 else "mixed"
 
 
-def _components(pairs: tuple[tuple[str, str], ...]) -> dict[str, int]:
-    """Name -> component number of the graph the pairs draw (names tied together share one)."""
-    parent: dict[str, str] = {}
-
-    def root(name: str) -> str:
-        while parent.setdefault(name, name) != name:
-            name = parent[name]
-        return name
-
-    for a, b in pairs:
-        parent[root(a)] = root(b)
-    roots: dict[str, int] = {}
-    return {name: roots.setdefault(root(name), len(roots)) for name in list(parent)}
-
-
 def _by_construction(component: dict[str, int] | None, group: CopyGroup) -> bool:
     """Whether the model class is known (component: its tie components) and ties no two names of
     the group: equal by construction (deterministic initialisation, fixed tables), not a lost tie."""
@@ -76,7 +62,7 @@ def copy_findings(
     """TIE001: one finding per copy group; its wasted bytes count every stored copy once. A group
     the known model class does not tie is a note: equal by construction, and retie leaves it."""
     class_ties = ckpt.config.class_ties if ckpt.config is not None else None
-    component = _components(class_ties) if class_ties is not None else None
+    component = Components(class_ties).numbered() if class_ties is not None else None
     templates = ckpt.config.layer_templates if ckpt.config is not None else None
     rule = loader_rule(ckpt) if groups else None  # retie's default, to say when it needs --all-equal
     for group in groups:

@@ -246,7 +246,7 @@ def config_ties(
     return ties, notes
 
 
-def _one_class(config: Mapping[str, Any], path: str) -> tuple[TableEntry, Answer] | None:
+def _one_class(config: Mapping[str, Any], path: str) -> Resolved | None:
     """The table's entry and answer for the one class ``architectures`` names; None when it names
     none or several, or the table does not answer for this config."""
     architectures = stated_architectures(config, path)
@@ -257,12 +257,15 @@ def _one_class(config: Mapping[str, Any], path: str) -> tuple[TableEntry, Answer
     return (entry, answer) if isinstance(answer, Answer) else None
 
 
-def class_roles(config: Mapping[str, Any], path: str, stored: Collection[str]) -> VocabRoles | None:
+Resolved = tuple[TableEntry, Answer]
+"""The table's entry and answer for the one class a config.json names (``_one_class``)."""
+
+
+def class_roles(resolved: Resolved | None, stored: Collection[str]) -> VocabRoles | None:
     """The vocabulary tensors of the one class ``architectures`` names, spelled as stored; a role
     whose name is a tie target the file does not store is its source (BERT's tied
     ``cls.predictions.decoder.bias`` is stored as ``cls.predictions.bias``). None when
     ``architectures`` names no class or several, or the table does not answer for this config."""
-    resolved = _one_class(config, path)
     if resolved is None:
         return None
     entry, answer = resolved
@@ -282,13 +285,10 @@ def class_roles(config: Mapping[str, Any], path: str, stored: Collection[str]) -
     return VocabRoles(entry.name, role(embedding), role(output), role(bias))
 
 
-def class_tie_pairs(
-    config: Mapping[str, Any], path: str, stored: Collection[str]
-) -> tuple[tuple[str, str], ...] | None:
+def class_tie_pairs(resolved: Resolved | None, stored: Collection[str]) -> tuple[tuple[str, str], ...] | None:
     """Every pair the one class ``architectures`` names ties under some setting of its switches,
     spelled as stored; None under the same conditions as ``class_roles``, and when the table gives
     only part of the class's ties for this config (``Answer.partial``: other layer counts)."""
-    resolved = _one_class(config, path)
     if resolved is None or resolved[1].partial is not None:
         return None
     entry = resolved[0]
@@ -309,12 +309,9 @@ def flag_read_by(config: Mapping[str, Any], path: str) -> str | None:
     return None
 
 
-def class_layer_templates(
-    config: Mapping[str, Any], path: str, stored: Collection[str]
-) -> frozenset[str] | None:
+def class_layer_templates(resolved: Resolved | None, stored: Collection[str]) -> frozenset[str] | None:
     """For a partial answer (``Answer.partial``), the class's tied names (under any switch setting,
     as stored) with numbers replaced by ``#``; None when the answer is whole or there is none."""
-    resolved = _one_class(config, path)
     if resolved is None or resolved[1].partial is None:
         return None
     entry = resolved[0]
@@ -337,13 +334,14 @@ def model_config(
         return None
     if config is None:
         return ModelConfig(tokenizer_vocab_size=tokenizer_size, file=tokenizer_file)
+    resolved = _one_class(config, path)
     return ModelConfig(
         architectures=stated_architectures(config, path),
         tie_word_embeddings=stated_tie_flag(config, path).value,
         vocab_size=stated_vocab_size(config, path),
         tokenizer_vocab_size=tokenizer_size,
         file=os.path.basename(path),
-        roles=class_roles(config, path, stored),
-        class_ties=class_tie_pairs(config, path, stored),
-        layer_templates=class_layer_templates(config, path, stored),
+        roles=class_roles(resolved, stored),
+        class_ties=class_tie_pairs(resolved, stored),
+        layer_templates=class_layer_templates(resolved, stored),
     )

@@ -34,7 +34,7 @@ from tieaudit.formats.hf_dir import (
     read_config,
     torch_weights,
 )
-from tieaudit.formats.hf_ties import TIE_FLAG, config_ties, flag_read_by
+from tieaudit.formats.hf_ties import TIE_FLAG, config_ties
 from tieaudit.formats.safetensors import read_header
 from tieaudit.model import Checkpoint, TensorInfo
 from tieaudit.repair.interface import Writer
@@ -203,7 +203,8 @@ def retied_config(
 
     Refuses what transformers would not restore (``refuse_unrestorable``; unless all_equal, where
     the plan states that consequence), and a flag that would also tie another pair of the class
-    whose names both stay stored (the plan re-ties those it found equal: ``loaders.flag_companions``).
+    whose names both stay stored (the plan re-ties those it found equal: ``loaders.flag_companions``,
+    which also refuses a flag the class's forward reads, before anything is written).
     """
     pairs = class_pairs(ckpt, config)
     if not all_equal:
@@ -213,13 +214,6 @@ def retied_config(
     hits = {p for p in pairs if p in retied or p[::-1] in retied}
     if not hits or hits <= current:
         return None
-    reader = flag_read_by(config, os.path.join(ckpt.path, CONFIG))
-    if reader is not None:
-        raise UsageError(
-            f"re-tying these copies needs {TIE_FLAG} set in {CONFIG}, but {reader}'s forward reads that "
-            "flag, so setting it would change the model's outputs; nothing was written",
-            ckpt.path,
-        )
     stored = ckpt.names - {r.dropped for r in applied}
     for target, source in sorted(pairs - current - hits):
         if target in stored and source in stored:

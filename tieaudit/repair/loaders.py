@@ -21,6 +21,7 @@ difference refuses, naming the largest one.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Collection
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tieaudit.compare import BLOCK_BYTES, BlockComparer, equal_bytes, iter_blocks
+from tieaudit.core.components import Components
 from tieaudit.errors import UsageError
 from tieaudit.model import Checkpoint, TensorInfo
 
@@ -60,22 +62,15 @@ class LoaderRule:
     flag_locked: str = ""
     """Why config.json's tie flag may not be set (the class's forward reads it); empty when it may."""
 
+    @functools.cached_property
+    def _joined(self) -> Components:
+        pairs = (sorted(pair) for pair in self.accepted if len(pair) == 2)
+        return Components((first, second) for first, second in pairs)
+
     def accepts(self, first: str, second: str) -> bool:
         """True when the loader restores either name from the other, directly or through a chain
         of accepted pairs (a restored name is one tensor with every name tied to it)."""
-        if first == second or frozenset((first, second)) in self.accepted:
-            return True
-        reached, frontier = {first}, [first]
-        while frontier:
-            name = frontier.pop()
-            for pair in self.accepted:
-                if name in pair:
-                    for other in pair - reached:
-                        if other == second:
-                            return True
-                        reached.add(other)
-                        frontier.append(other)
-        return False
+        return self._joined.same(first, second)
 
     def consequence_for(self, dropped: str) -> str:
         """The consequence of re-tying dropped although the loader does not restore it."""
