@@ -147,8 +147,8 @@ def _reader(kind: str) -> Callable[[str], object]:
 
 def check_checkpoint(ckpt: object) -> int:
     """Every tensor inside its storage and viewable; every storage inside its file. Returns the count."""
-    from tieaudit.dtypes import itemsize
-    from tieaudit.model import Checkpoint
+    from tieaudit.core.dtypes import itemsize
+    from tieaudit.core.records import Checkpoint
 
     if not isinstance(ckpt, Checkpoint):
         raise Crash(f"reader returned {type(ckpt).__name__}, not a Checkpoint")
@@ -180,7 +180,7 @@ def check_one(kind: str, data: bytes, folder: Path, audit: bool = False) -> Outc
     With audit, an accepted checkpoint also goes through the alias graph and the rules, as the CLI
     takes it (TieauditErrors from there are allowed too).
     """
-    from tieaudit.errors import TieauditError, UnsafeInputError
+    from tieaudit.core.errors import TieauditError, UnsafeInputError
 
     path = materialize(kind, data, folder)
     try:
@@ -193,7 +193,7 @@ def check_one(kind: str, data: bytes, folder: Path, audit: bool = False) -> Outc
     finally:
         if (folder / MARKER).exists() or Path(MARKER).exists():
             raise Crash("pickle code ran: the payload's marker file exists")
-    from tieaudit.model import Checkpoint
+    from tieaudit.core.records import Checkpoint
 
     assert isinstance(ckpt, Checkpoint)
     with ckpt:
@@ -209,11 +209,11 @@ def check_one(kind: str, data: bytes, folder: Path, audit: bool = False) -> Outc
 def _audit(ckpt: object) -> None:
     """What the CLI does after reading: the alias graph, the rules, and the JSON and text reports."""
     from tieaudit.audit import Audit
-    from tieaudit.graph import build_graph
-    from tieaudit.model import Checkpoint
-    from tieaudit.policy import Policy
+    from tieaudit.core.records import Checkpoint
+    from tieaudit.graph.alias import build_graph
     from tieaudit.report import render
-    from tieaudit.rules import evaluate
+    from tieaudit.rules.evaluate import evaluate
+    from tieaudit.rules.policy import Policy
 
     assert isinstance(ckpt, Checkpoint)
     graph = build_graph(ckpt)

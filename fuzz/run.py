@@ -119,9 +119,9 @@ def _instrumented_imports() -> None:
         import tieaudit.formats.onnx_model  # noqa: F401
         import tieaudit.formats.safetensors  # noqa: F401
         import tieaudit.formats.torch_file  # noqa: F401
-        import tieaudit.graph  # noqa: F401
+        import tieaudit.graph.alias  # noqa: F401
         import tieaudit.report  # noqa: F401
-        import tieaudit.rules  # noqa: F401
+        import tieaudit.rules.evaluate  # noqa: F401
 
 
 def run_atheris(args: argparse.Namespace, stats: Stats, scratch: Path) -> None:

@@ -36,7 +36,7 @@ def _size(folder: str) -> int:
 
 
 def run(*args: str) -> int:
-    command = [sys.executable, "-m", "tieaudit.cli", *args]
+    command = [sys.executable, "-m", "tieaudit", *args]
     print(f"\n$ tieaudit {' '.join(args)}", flush=True)
     return subprocess.run(command, check=False).returncode
 

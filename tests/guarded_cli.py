@@ -1,7 +1,7 @@
 """Run tieaudit commands in one process where torch and transformers cannot be imported and no
 socket can be opened: ``python guarded_cli.py SPEC.json``.
 
-SPEC holds ``{"runs": [[argv...], ...], "result": PATH}``. Each run is ``tieaudit.cli.main(argv)``
+SPEC holds ``{"runs": [[argv...], ...], "result": PATH}``. Each run is ``tieaudit.cli.main.main(argv)``
 with stdout and stderr captured; RESULT gets, per run, the exit code and both streams, and for the
 whole process every import of torch or transformers that was attempted (each one raised), every
 socket that was asked for (each one refused), and whatever torch or transformers module ended up
@@ -56,7 +56,7 @@ def guard() -> None:
 
 def main(spec_path: str) -> int:
     guard()
-    from tieaudit.cli import main as cli
+    from tieaudit.cli.main import main as cli
 
     spec = json.loads(Path(spec_path).read_text())
     results = []

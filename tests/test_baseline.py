@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from conftest import Corpus
 
-from tieaudit.baseline import SCHEMA, fingerprint, load_baseline
-from tieaudit.cli import main
-from tieaudit.errors import UsageError
+from tieaudit.cli.main import main
+from tieaudit.core.errors import UsageError
+from tieaudit.gate.baseline import SCHEMA, fingerprint, load_baseline
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def repo(corpus: Corpus, tmp_path: Path) -> Path:
 
 
 def check(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "tieaudit.cli", "check", "models", "--jobs", "1", *args]
+    command = [sys.executable, "-m", "tieaudit", "check", "models", "--jobs", "1", *args]
     return subprocess.run(command, capture_output=True, text=True, check=False, cwd=repo)
 
 
@@ -143,17 +143,17 @@ def test_hostile_baselines_are_one_usage_line(content: bytes, message: str, tmp_
 def test_a_baseline_over_the_size_limit_is_refused_before_reading(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import tieaudit.baseline
+    import tieaudit.gate.baseline
 
     baseline = tmp_path / "baseline.json"
     baseline.write_text(json.dumps({"schema": SCHEMA, "findings": []}))
-    monkeypatch.setattr(tieaudit.baseline, "MAX_BASELINE_BYTES", baseline.stat().st_size - 1)
+    monkeypatch.setattr(tieaudit.gate.baseline, "MAX_BASELINE_BYTES", baseline.stat().st_size - 1)
     with pytest.raises(UsageError, match=r"over the \d+ B limit \(MAX_BASELINE_BYTES\)"):
         load_baseline(str(baseline))
 
 
 def test_paths_and_names_that_are_not_utf8_have_fingerprints_and_round_trip(tmp_path: Path) -> None:
-    from tieaudit.baseline import baseline_text, entry
+    from tieaudit.gate.baseline import baseline_text, entry
 
     path = str(tmp_path / "models" / "\udcff\n.safetensors")  # a file name byte that is not UTF-8
     accepted = entry(path, "TIE001", ["\ud800 lone surrogate from a JSON header", "b"], str(tmp_path))

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
-from tieaudit.cli import main
+from tieaudit.cli.main import main
 
 ROWS, WIDTH = 64, 64
 

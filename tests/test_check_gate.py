@@ -15,11 +15,11 @@ from click.testing import CliRunner
 from conftest import Corpus
 from safetensors.numpy import save_file
 
-from tieaudit.check import chunks
-from tieaudit.cli import cli, main
-from tieaudit.discover import discover, glob_matches
-from tieaudit.policy import Policy
-from tieaudit.progress import ProgressBar
+from tieaudit.cli.main import cli, main
+from tieaudit.gate.check import chunks
+from tieaudit.gate.discover import discover, glob_matches
+from tieaudit.gate.progress import ProgressBar
+from tieaudit.rules.policy import Policy
 
 
 def write_model(path: Path, copy: bool, seed: int = 0) -> Path:
@@ -121,7 +121,7 @@ def test_exit_codes_for_folders_in_process(tree: Path, tmp_path: Path) -> None:
 
 def test_exit_codes_in_a_real_process(tree: Path, tmp_path: Path) -> None:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-m", "tieaudit.cli", "check", *args]
+        command = [sys.executable, "-m", "tieaudit", "check", *args]
         return subprocess.run(command, capture_output=True, text=True, check=False, cwd=tmp_path)
 
     clean = run("models", "--exclude", "b-copy.safetensors", "--jobs", "2")

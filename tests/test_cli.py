@@ -16,8 +16,8 @@ from conftest import Corpus
 from onnx import TensorProto, helper, numpy_helper
 from safetensors.numpy import save_file
 
-from tieaudit.cli import main
-from tieaudit.findings import RULES
+from tieaudit.cli.main import main
+from tieaudit.rules.registry import RULES
 
 MALFORMED = sorted(
     p.name
@@ -28,7 +28,7 @@ MALFORMED = sorted(
 
 def run(args: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tieaudit.cli", *args], capture_output=True, text=True, cwd=cwd, check=False
+        [sys.executable, "-m", "tieaudit", *args], capture_output=True, text=True, cwd=cwd, check=False
     )
 
 
@@ -175,7 +175,7 @@ def test_usage_errors_are_one_line() -> None:
 @pytest.mark.parametrize("fixture", ["st_cloned_head", "torch_tied_lm", "torch_legacy_tied"])
 def test_auditing_safetensors_and_pt_does_not_import_torch(corpus: Corpus, fixture: str) -> None:
     code = (
-        "import sys\nfrom tieaudit.cli import main\n"
+        "import sys\nfrom tieaudit.cli.main import main\n"
         f"code = main(['check', {str(corpus.path(fixture))!r}, '--exit-zero'])\n"
         "assert code == 0, code\n"
         "heavy = sorted(m for m in ('torch', 'onnx', 'transformers') if m in sys.modules)\n"

@@ -17,7 +17,7 @@ from safetensors.numpy import save_file
 
 from tieaudit.audit import audit_path
 from tieaudit.formats import open_checkpoint
-from tieaudit.graph import build_graph
+from tieaudit.graph.alias import build_graph
 from tieaudit.repair.plan import make_plan
 
 VOCAB, WIDTH = 1000, 64

@@ -16,7 +16,7 @@ import pytest
 from conftest import FIXTURE_NAMES as NAMES
 from conftest import Corpus
 
-from tieaudit.cli import main
+from tieaudit.cli.main import main
 
 
 def model_path(corpus: Corpus, name: str) -> Path:

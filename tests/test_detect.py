@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tieaudit.detect import find_copies
 from tieaudit.formats.safetensors import SafetensorsReader
+from tieaudit.graph.detect import find_copies
 
 
 def copies(tmp_path: Path, tensors: dict[str, torch.Tensor], **kwargs: object) -> list[tuple[str, str, str]]:

@@ -27,7 +27,7 @@ from conftest import GENERATED, MALFORMED, ROOT, Corpus
 from onnx import helper
 from reference_loaders import Reference, run_reference
 
-from tieaudit.errors import InputError
+from tieaudit.core.errors import InputError
 from tieaudit.formats.onnx_model import OnnxReader
 
 HOSTILE = ROOT / "fixtures" / "hostile"

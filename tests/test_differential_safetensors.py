@@ -22,7 +22,7 @@ import pytest
 from conftest import GENERATED, MALFORMED, ROOT, Corpus
 from reference_loaders import Reference, run_reference
 
-from tieaudit.errors import InputError
+from tieaudit.core.errors import InputError
 from tieaudit.formats import open_checkpoint
 from tieaudit.formats.safetensors import read_header
 

@@ -162,7 +162,7 @@ class Reading:
 
 def _tieaudit(path: Path) -> dict[str, Any]:
     """tieaudit's torch reader on path, as a JSON-able Reading."""
-    from tieaudit.errors import InputError
+    from tieaudit.core.errors import InputError
     from tieaudit.formats.torch_file import TorchReader
 
     reader = TorchReader()

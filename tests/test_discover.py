@@ -27,14 +27,14 @@ from safetensors.numpy import save_file
 from test_hostile import _limit_child, _permissions_hold
 from test_sarif import validate
 
-from tieaudit.cli import main
+from tieaudit.cli.main import main
+from tieaudit.core.errors import InputError, UnsafeInputError, UsageError
 from tieaudit.core.escape import printable
 from tieaudit.core.globs import MAX_GLOB_LENGTH, compile_glob, glob_matches
-from tieaudit.discover import discover
-from tieaudit.errors import InputError, UnsafeInputError, UsageError
 from tieaudit.formats import hf_dir
 from tieaudit.formats.hf_dir import HfDirReader, load_json
-from tieaudit.policy import load_policy
+from tieaudit.gate.discover import discover
+from tieaudit.rules.policy import load_policy
 
 TIMEOUT = 120
 
@@ -53,7 +53,7 @@ def run_cli(args: list[str], cwd: Path, timeout: float = TIMEOUT) -> subprocess.
     """tieaudit in a real process, capped like the hostile corpus runs (2 GiB of address space; as
     root, without the capabilities that bypass file permissions)."""
     return subprocess.run(
-        [sys.executable, "-m", "tieaudit.cli", *args],
+        [sys.executable, "-m", "tieaudit", *args],
         cwd=cwd,
         capture_output=True,
         timeout=timeout,

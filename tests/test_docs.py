@@ -15,8 +15,8 @@ import pytest
 from click.testing import CliRunner
 from conftest import Corpus
 
-from tieaudit.cli import cli
-from tieaudit.policy import load_policy
+from tieaudit.cli.main import cli
+from tieaudit.rules.policy import load_policy
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -93,7 +93,7 @@ def test_the_github_workflow_command_runs(corpus: Corpus, tmp_path: Path) -> Non
     models.mkdir()
     shutil.copy(corpus.path("st_cloned_head"), models / "cloned.safetensors")
     shutil.copytree(corpus.path("hf_llama_tied"), models / "llama")
-    module = [sys.executable, "-m", "tieaudit.cli"]
+    module = [sys.executable, "-m", "tieaudit"]
     result = subprocess.run([*module, *argv[1:]], cwd=tmp_path, capture_output=True, text=True, check=False)
     assert result.returncode == 1, result.stderr  # the copy fails the job; the SARIF is written first
     document = json.loads((tmp_path / sarif_file).read_text())

@@ -14,9 +14,9 @@ import pytest
 import torch
 from onnx import numpy_helper
 
-from tieaudit.cli import cli, main
-from tieaudit.cli_onnx import export, runtime
-from tieaudit.export import export_model
+from tieaudit.cli.main import cli, main
+from tieaudit.cli.onnx import export, runtime
+from tieaudit.runtime.export import export_model
 
 for command in (runtime, export):  # until cli.py registers them; add_command replaces by name
     cli.add_command(command)
@@ -205,7 +205,7 @@ def test_existing_out_and_bad_source_are_usage_errors(
 
 
 def test_example_inputs_of_the_hf_wrapper_follow_dims(gpt2_folder: Path) -> None:
-    from tieaudit.export_source import load_source
+    from tieaudit.runtime.export_source import load_source
 
     source = load_source(str(gpt2_folder), {"batch": 2, "sequence": 5})
     [ids] = source.inputs

@@ -15,7 +15,7 @@ import torch
 import transformers
 
 from tieaudit.audit import audit_path
-from tieaudit.errors import UsageError
+from tieaudit.core.errors import UsageError
 from tieaudit.formats.tie_table import tie_table
 from tieaudit.repair.retie import retie
 

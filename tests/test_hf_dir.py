@@ -15,10 +15,10 @@ import torch
 import transformers
 from safetensors.torch import save_file, save_model
 
-from tieaudit.errors import InputError, UnsafeInputError
+from tieaudit.core.errors import InputError, UnsafeInputError
+from tieaudit.core.records import Checkpoint
 from tieaudit.formats import hf_ties
 from tieaudit.formats.hf_dir import HfDirReader
-from tieaudit.model import Checkpoint
 
 BERT = {"vocab_size": 100, "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2}
 LLAMA = {

@@ -241,7 +241,7 @@ def test_retie_of_torch_files_without_torch_is_refused_in_one_line(
     source, out = corpus.path(fixture), tmp_path / "out"
     code = (
         "import sys; sys.modules['torch'] = None\n"
-        "from tieaudit.cli import main\n"
+        "from tieaudit.cli.main import main\n"
         f"sys.exit(main(['retie', {str(source)!r}, {str(out)!r}]))"
     )
     done = subprocess.run(

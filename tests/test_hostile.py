@@ -4,7 +4,7 @@ naming the file and the problem, runs no code, writes nothing, and ends in bound
 Every case runs `inspect` and `check` on its own copy, each in its own process with its address
 space capped (RLIMIT_AS), a timeout, and its peak memory measured (wait4). The runs come from a
 small fork server, so 200 of them cost forks rather than interpreter starts; a few cases also go
-through `python -m tieaudit.cli` itself, limits set by preexec_fn. Tests run as root here, where
+through `python -m tieaudit.cli.main` itself, limits set by preexec_fn. Tests run as root here, where
 chmod 000 does not stop reads: each child gives up CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH
 (capset, and the bounding set for exec), so permissions hold for it as for any user.
 """
@@ -105,7 +105,7 @@ class Outcome:
 
 def _child(job: Job) -> None:
     """In a forked child: the limits, the folder, the output files, then the CLI's own entry point."""
-    from tieaudit.cli import main
+    from tieaudit.cli.main import main
 
     code = 70
     try:
@@ -138,10 +138,10 @@ def serve(jobs: list[Job], parallel: int) -> list[Outcome]:
     preload = (
         "onnx",
         "concurrent.futures",
-        "tieaudit.cli",
-        "tieaudit.check",
+        "tieaudit.cli.main",
+        "tieaudit.gate.check",
         "tieaudit.report",
-        "tieaudit.rules",
+        "tieaudit.rules.evaluate",
     )
     for module in (*preload, *(f"tieaudit.formats.{m}" for m in FORMATS)):
         importlib.import_module(module)  # loaded once here, shared by every child
@@ -366,7 +366,7 @@ def test_real_entry_point_refuses_in_one_line(name: str, tmp_path: Path) -> None
     before = _listing(tmp_path)
     for command in COMMANDS:
         done = subprocess.run(
-            [sys.executable, "-m", "tieaudit.cli", *_cli_args(command, target, tmp_path)],
+            [sys.executable, "-m", "tieaudit", *_cli_args(command, target, tmp_path)],
             cwd=tmp_path,
             capture_output=True,
             text=True,

@@ -16,9 +16,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import set_external_data
 
-from tieaudit.errors import InputError, UnsafeInputError
+from tieaudit.core.errors import InputError, UnsafeInputError
+from tieaudit.core.records import Checkpoint, Consumer
 from tieaudit.formats.onnx_model import OnnxReader, looks_like_model_proto
-from tieaudit.model import Checkpoint, Consumer
 
 RNG = np.random.default_rng(0)
 E = RNG.standard_normal((10, 4)).astype(np.float32)

@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import AttributeProto, TensorProto, helper
 
-from tieaudit.errors import UnsafeInputError
+from tieaudit.core.errors import UnsafeInputError
 from tieaudit.formats.onnx_model import OnnxReader
 from tieaudit.formats.onnx_tensors import every_tensor
 

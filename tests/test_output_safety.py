@@ -31,7 +31,7 @@ def _run(
     *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tieaudit.cli", *args],
+        [sys.executable, "-m", "tieaudit", *args],
         capture_output=True,
         text=True,
         errors="surrogateescape",
@@ -178,7 +178,7 @@ def test_output_through_a_link_to_dev_stdout(tmp_path: Path) -> None:
 def test_a_new_report_file_gets_the_umask_mode(tmp_path: Path, umask: int) -> None:
     target = tmp_path / f"report-{umask:o}.json"
     program = (
-        f"import os, sys; os.umask({umask}); from tieaudit.cli import main; sys.exit(main(sys.argv[1:]))"
+        f"import os, sys; os.umask({umask}); from tieaudit.cli.main import main; sys.exit(main(sys.argv[1:]))"
     )
     args = ["inspect", str(HOSTILE / "out_evil_names.safetensors"), "-f", "json", "-o", str(target)]
     done = subprocess.run([sys.executable, "-c", program, *args], capture_output=True, text=True, check=False)

@@ -14,7 +14,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from tieaudit.audit import audit_path
-from tieaudit.cli import main
+from tieaudit.cli.main import main
 
 HEAD, EMBED = "lm_head.weight", "model.embed_tokens.weight"
 A_LOG = ("model.layers.0.mamba.A_log", "model.layers.1.mamba.A_log")

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from conftest import Corpus
 
-from tieaudit.cli import main
-from tieaudit.errors import UsageError
-from tieaudit.policy import load_policy
+from tieaudit.cli.main import main
+from tieaudit.core.errors import UsageError
+from tieaudit.rules.policy import load_policy
 
 EXPECT_HEAD = """
 [[expect-tie]]

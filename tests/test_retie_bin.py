@@ -17,7 +17,7 @@ import torch
 import transformers
 from test_retie_loaders import _llama, assert_bitwise, clean
 
-from tieaudit.cli import main
+from tieaudit.cli.main import main
 from tieaudit.repair.retie import retie
 
 SHARDS = ("pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin")

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from tieaudit.cli import main
+from tieaudit.cli.main import main
 from tieaudit.formats import open_checkpoint
 
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
@@ -156,7 +156,7 @@ def test_disk_full_on_a_real_small_tmpfs(small_tmpfs: Path, tmp_path: Path) -> N
     before = _sha256(source)
     out = small_tmpfs / "out.safetensors"
     done = subprocess.run(
-        [sys.executable, "-m", "tieaudit.cli", "retie", str(source), str(out)],
+        [sys.executable, "-m", "tieaudit", "retie", str(source), str(out)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -181,7 +181,7 @@ def big_clone(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
 
 def _retie(source: Path, out: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tieaudit.cli", "retie", str(source), str(out)],
+        [sys.executable, "-m", "tieaudit", "retie", str(source), str(out)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -288,7 +288,7 @@ SLOWED = textwrap.dedent(
     import shutil, signal, sys, time
     import tieaudit.repair.st_stream as st
     import tieaudit.repair.verify as verify
-    from tieaudit.cli import main
+    from tieaudit.cli.main import main
 
     moment, told = sys.argv[1], []
     real_write, real_problem = st.write_tensor, verify._problem
@@ -381,7 +381,7 @@ def test_sigterm_during_real_verification_removes_the_stage(tmp_path: Path) -> N
     _clone_checkpoint(source, rows=16384, cols=1024)  # 2 x 64 MiB: verification takes a while
     before = _sha256(source)
     child = subprocess.Popen(
-        [sys.executable, "-m", "tieaudit.cli", "retie", str(source), str(out)],
+        [sys.executable, "-m", "tieaudit", "retie", str(source), str(out)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

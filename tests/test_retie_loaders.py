@@ -26,7 +26,7 @@ import transformers
 from conftest import Corpus
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from tieaudit.cli import main
+from tieaudit.cli.main import main
 from tieaudit.repair.retie import retie
 
 transformers.logging.set_verbosity_error()

@@ -14,7 +14,7 @@ import pytest
 from conftest import Corpus
 from onnx import TensorProto, helper, numpy_helper
 
-from tieaudit.cli import main
+from tieaudit.cli.main import main
 from tieaudit.formats.safetensors import TIES_METADATA_KEY
 from tieaudit.repair.onnx_writer import ALIGNMENT
 from tieaudit.repair.retie import retie

@@ -24,7 +24,7 @@ import pytest
 from safetensors.numpy import save_file
 
 import tieaudit.repair.retie as retie_module
-from tieaudit.cli import main
+from tieaudit.cli.main import main
 from tieaudit.formats import open_checkpoint
 
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
@@ -221,7 +221,7 @@ KILL_AT = textwrap.dedent(
     """
     import os, signal, sys
     import tieaudit.repair.retie as retie_module
-    from tieaudit.cli import main
+    from tieaudit.cli.main import main
 
     step, calls, armed = int(sys.argv[1]), [0], [False]
 

@@ -28,8 +28,8 @@ import torch
 import transformers
 from safetensors.torch import load_file, load_model, save_file, save_model
 
-from tieaudit.cli import main
-from tieaudit.errors import UsageError
+from tieaudit.cli.main import main
+from tieaudit.core.errors import UsageError
 from tieaudit.repair.retie import retie
 
 transformers.logging.set_verbosity_error()
@@ -125,7 +125,7 @@ def test_masked_lm_copy_is_retied_with_its_equal_bias(tmp_path: Path, class_name
 def test_masked_lm_plan_shows_the_bias_as_retied_because_the_class_ties_it(tmp_path: Path) -> None:
     masked_lm_copy(tmp_path / "bert", "BertForMaskedLM")
     run = subprocess.run(
-        [sys.executable, "-m", "tieaudit.cli", "retie", str(tmp_path / "bert"), "--dry-run"],
+        [sys.executable, "-m", "tieaudit", "retie", str(tmp_path / "bert"), "--dry-run"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -262,7 +262,7 @@ def test_all_equal_cli_prints_the_consequence_and_needs_equal(tmp_path: Path) ->
     save_model_file(source, "mamba")
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-m", "tieaudit.cli", "retie", str(source), *args]
+        argv = [sys.executable, "-m", "tieaudit", "retie", str(source), *args]
         return subprocess.run(argv, capture_output=True, text=True, timeout=120)
 
     default = cli("--dry-run")
@@ -276,7 +276,7 @@ def test_all_equal_cli_prints_the_consequence_and_needs_equal(tmp_path: Path) ->
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1
     assert "--relations leaves equal out" in refused.stderr and not (tmp_path / "out.safetensors").exists()
     helped = subprocess.run(
-        [sys.executable, "-m", "tieaudit.cli", "retie", "--help"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "tieaudit", "retie", "--help"], capture_output=True, text=True, timeout=60
     )
     assert "--all-equal" in helped.stdout and "equal by construction" in helped.stdout
 

@@ -21,7 +21,7 @@ import pytest
 
 import tieaudit.repair.retie as retie_module
 import tieaudit.repair.verify as verify_module
-from tieaudit.cli import main
+from tieaudit.cli.main import main
 from tieaudit.formats import open_checkpoint
 
 CASES = {
@@ -116,7 +116,7 @@ def test_reference_verification_imports_no_torch_for_safetensors_and_onnx(
         """
         import sys
         import tieaudit.repair.verify as verify
-        from tieaudit.cli import main
+        from tieaudit.cli.main import main
 
         made = []
         real = verify.reference_check

@@ -25,8 +25,8 @@ from safetensors.torch import load_file, load_model, save_file
 
 import tieaudit.repair.retie as retie_module
 from tieaudit import load_tied
-from tieaudit.cli import main
-from tieaudit.errors import OutputError, UnsafeInputError, UsageError
+from tieaudit.cli.main import main
+from tieaudit.core.errors import OutputError, UnsafeInputError, UsageError
 from tieaudit.repair.retie import retie
 from tieaudit.repair.st_stream import byte_chunks, header_bytes
 

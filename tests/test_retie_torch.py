@@ -18,7 +18,7 @@ from conftest import Corpus
 from producers_torch import ToyLM
 from torch import nn
 
-from tieaudit.cli import main
+from tieaudit.cli.main import main
 from tieaudit.repair.retie import RetieResult, retie
 
 torch.manual_seed(0)

@@ -11,7 +11,7 @@ from conftest import Corpus
 from safetensors.numpy import save_file
 
 from tieaudit.audit import audit_path
-from tieaudit.policy import Policy
+from tieaudit.rules.policy import Policy
 
 
 def tokenizer_json(size: int) -> str:

@@ -22,15 +22,15 @@ import pytest
 from conftest import Corpus
 from onnx import TensorProto, helper, numpy_helper
 
-from tieaudit.cli import cli, main
-from tieaudit.cli_onnx import export, runtime
-from tieaudit.findings import Finding
+from tieaudit.cli.main import cli, main
+from tieaudit.cli.onnx import export, runtime
 from tieaudit.formats import open_checkpoint
 from tieaudit.formats.onnx_model import load_model
 from tieaudit.report.json_report import finding_dict
-from tieaudit.runtime import measure_runtime, runtime_findings
-from tieaudit.runtime_graph import input_specs
-from tieaudit.runtime_probe import CONFIGS, CRASH_ENV, SLEEP_ENV
+from tieaudit.rules.registry import Finding
+from tieaudit.runtime.graph import input_specs
+from tieaudit.runtime.measure import measure_runtime, runtime_findings
+from tieaudit.runtime.probe import CONFIGS, CRASH_ENV, SLEEP_ENV
 
 for command in (runtime, export):  # until cli.py registers them; add_command replaces by name
     cli.add_command(command)
@@ -278,8 +278,8 @@ def test_a_file_that_is_not_onnx_is_one_line_and_exit_2(
 
 def test_the_onnx_modules_import_neither_torch_nor_onnxruntime() -> None:
     code = (
-        "import sys, tieaudit.cli, tieaudit.cli_onnx, tieaudit.runtime, tieaudit.export, "
-        "tieaudit.report.runtime_report; "
+        "import sys, tieaudit.cli.main, tieaudit.cli.onnx, tieaudit.runtime.measure, "
+        "tieaudit.runtime.export, tieaudit.report.runtime_report; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'onnxruntime', 'transformers')))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -287,7 +287,7 @@ def test_the_onnx_modules_import_neither_torch_nor_onnxruntime() -> None:
 
 
 def test_check_runtime_adds_tie005_to_the_gate(corpus: Corpus, capsys: pytest.CaptureFixture[str]) -> None:
-    from tieaudit.cli import main
+    from tieaudit.cli.main import main
 
     path = str(corpus.path("onnx_gpt2_tied_dynamo"))
     capsys.readouterr()
@@ -327,7 +327,7 @@ MEMORY_ENV = "TIEAUDIT_RUNTIME_MEMORY_LIMIT"
 
 def _bounded(args: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
     """The CLI run in a fresh process tree under OUTER_ADDRESS_SPACE: exit code, output, peak RSS, seconds."""
-    command = [sys.executable, "-c", BOUNDED, str(OUTER_ADDRESS_SPACE), sys.executable, "-m", "tieaudit.cli"]
+    command = [sys.executable, "-c", BOUNDED, str(OUTER_ADDRESS_SPACE), sys.executable, "-m", "tieaudit"]
     wrapper = subprocess.run([*command, *args], capture_output=True, text=True, check=True, env=env)
     result: dict[str, Any] = json.loads(wrapper.stdout)
     assert result["peak"] < PEAK_RSS, (
@@ -599,8 +599,8 @@ def test_memory_limit_option_sizes_and_refusals(tmp_path: Path, capsys: pytest.C
 
 
 def test_the_default_limit_follows_the_model_and_cpu_count(corpus: Corpus, tmp_path: Path) -> None:
-    from tieaudit.runtime_graph import read_model
-    from tieaudit.runtime_memory import MEMORY_BASE, MEMORY_PER_WEIGHT_BYTE, default_memory_limit
+    from tieaudit.runtime.graph import read_model
+    from tieaudit.runtime.memory import MEMORY_BASE, MEMORY_PER_WEIGHT_BYTE, default_memory_limit
 
     small = read_model(str(tied_lm(tmp_path / "m.onnx")), {})
     external = read_model(str(corpus.path("onnx_gpt2_tied_dynamo_extdata") / "model.onnx"), {})
@@ -615,7 +615,7 @@ def test_the_default_limit_follows_the_model_and_cpu_count(corpus: Corpus, tmp_p
 
 def test_the_probe_lowers_its_limit_and_keeps_a_tighter_outer_one() -> None:
     code = (
-        "import resource; from tieaudit.runtime_probe import limit_memory; "
+        "import resource; from tieaudit.runtime.probe import limit_memory; "
         "resource.setrlimit(resource.RLIMIT_DATA, (300 << 20, 300 << 20)); "
         "print(limit_memory(1 << 30), limit_memory(200 << 20), resource.getrlimit(resource.RLIMIT_DATA))"
     )
@@ -629,7 +629,7 @@ def test_the_probe_lowers_its_limit_and_keeps_a_tighter_outer_one() -> None:
 
 def test_a_crash_after_bad_alloc_is_the_memory_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     from tieaudit import runtime_probe
-    from tieaudit.runtime_probe import MemoryLimitError, run_probe
+    from tieaudit.runtime.probe import MemoryLimitError, run_probe
 
     terminate = "terminate called after throwing an instance of 'std::bad_alloc'"
     crash = f"import os, sys; sys.stderr.write({terminate!r} + chr(10)); os.abort()"
@@ -652,14 +652,14 @@ def test_a_crash_after_bad_alloc_is_the_memory_limit(monkeypatch: pytest.MonkeyP
     ],
 )
 def test_parse_size(text: str, size: int) -> None:
-    from tieaudit.units import parse_size
+    from tieaudit.core.units import parse_size
 
     assert parse_size(text) == size
 
 
 @pytest.mark.parametrize("text", ["4G", "lots", "-1GiB", "1e9", "4 GiBs", "9" * 70, ""])
 def test_parse_size_refuses_what_is_no_size(text: str) -> None:
-    from tieaudit.units import parse_size
+    from tieaudit.core.units import parse_size
 
     with pytest.raises(ValueError):
         parse_size(text)

@@ -15,9 +15,9 @@ from conftest import Corpus
 from safetensors.numpy import save_file
 
 from tieaudit import __version__
-from tieaudit.baseline import fingerprint
-from tieaudit.cli import main
-from tieaudit.findings import RULES
+from tieaudit.cli.main import main
+from tieaudit.gate.baseline import fingerprint
+from tieaudit.rules.registry import RULES
 
 SCHEMA_PATH = Path(__file__).parent / "data" / "sarif-schema-2.1.0.json"
 

@@ -25,7 +25,7 @@ import torch
 import transformers
 from safetensors.numpy import load_file, save_file
 
-from tieaudit.cli import main
+from tieaudit.cli.main import main
 from tieaudit.formats.tie_table import tie_table
 
 TEXT = {

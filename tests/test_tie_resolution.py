@@ -14,7 +14,7 @@ import pytest
 import torch
 import transformers
 
-from tieaudit.errors import InputError
+from tieaudit.core.errors import InputError
 from tieaudit.formats.tie_table import Answer, TableEntry, TieTable, Unresolved, resolve, tie_table
 
 HEAD = {"lm_head.weight": "model.embed_tokens.weight"}

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "fixtures" / "hostile"))
 from builders import legacy_file, pickle_of, proto, state_dict, tensor, weights  # noqa: E402
 from cases_torch import VERSION, Raw, archive, raw_zip  # noqa: E402
 
-from tieaudit.errors import InputError  # noqa: E402
+from tieaudit.core.errors import InputError  # noqa: E402
 from tieaudit.formats.pickle_vm import MAX_OPCODES  # noqa: E402
 from tieaudit.formats.zip_archive import INFLATION_SLACK, MAX_INFLATION_RATIO  # noqa: E402
 

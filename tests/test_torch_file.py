@@ -26,9 +26,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tieaudit.errors import InputError, UnsafeInputError, UnsupportedFormatError
+from tieaudit.core.errors import InputError, UnsafeInputError, UnsupportedFormatError
+from tieaudit.core.records import Checkpoint
 from tieaudit.formats.torch_file import MAX_DEPTH, ROOT_NAME, TorchReader
-from tieaudit.model import Checkpoint
 
 torch.manual_seed(0)
 
@@ -546,7 +546,7 @@ def test_non_tensor_leaves_beyond_the_kept_ones_are_counted(tmp_path: Path) -> N
     rest counted, and the reports say how many there were in all."""
     import json
 
-    from tieaudit.model import MAX_KEPT_SKIPPED
+    from tieaudit.core.records import MAX_KEPT_SKIPPED
 
     path = tmp_path / "steps.pt"
     torch.save({"w": torch.zeros(4, 4), "steps": list(range(30_000))}, path)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tieaudit.errors import InputError
+from tieaudit.core.errors import InputError
 from tieaudit.formats import pickle_vm
 from tieaudit.formats.pickle_vm import PickleError, Truncated, run_pickle
 from tieaudit.formats.torch_globals import (

@@ -18,7 +18,7 @@ import torch
 import transformers
 from safetensors.numpy import load_file, save_file
 
-from tieaudit.cli import main
+from tieaudit.cli.main import main
 from tieaudit.formats.hf_dir import HfDirReader
 
 SMALL = {"encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 2, "decoder_attention_heads": 2}

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from tieaudit.errors import InputError
+from tieaudit.core.errors import InputError
 from tieaudit.formats import zip_archive
 from tieaudit.formats.torch_file import TorchReader
 from tieaudit.formats.zip_archive import read_archive, read_member

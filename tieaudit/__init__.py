@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
-__all__ = ["load_tied"]
+from tieaudit.core.version import __version__
+
+__all__ = ["__version__", "load_tied"]
 
 
 def __getattr__(name: str) -> Any:

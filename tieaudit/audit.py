@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tieaudit.findings import SEVERITY_RANK, Finding, Severity
 from tieaudit.formats import open_checkpoint
-from tieaudit.graph import AliasGraph, build_graph
-from tieaudit.policy import Policy
+from tieaudit.graph.alias import AliasGraph, build_graph
+from tieaudit.rules.policy import Policy
+from tieaudit.rules.registry import SEVERITY_RANK, Finding, Severity
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class Audit:
 
 def audit_path(path: str, policy: Policy | None = None) -> Audit:
     """Read path, build its alias graph and run every rule; the files are closed afterwards."""
-    from tieaudit.rules import evaluate
+    from tieaudit.rules.evaluate import evaluate
 
     policy = policy or Policy()
     checkpoint = open_checkpoint(path)
@@ -53,7 +53,7 @@ def audit_path(path: str, policy: Policy | None = None) -> Audit:
         graph = build_graph(checkpoint, policy.expected_ties)
         extra: tuple[Finding, ...] = ()
         if policy.runtime and checkpoint.format == "onnx" and "TIE005" not in policy.ignore:
-            from tieaudit.runtime import runtime_findings
+            from tieaudit.runtime.measure import runtime_findings
 
             extra = tuple(runtime_findings(path))
         return Audit(graph, evaluate(graph, policy, extra))

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tieaudit.dtypes import itemsize
+from tieaudit.core.dtypes import itemsize
+from tieaudit.core.records import Checkpoint, TensorInfo
 from tieaudit.formats import open_checkpoint
-from tieaudit.model import Checkpoint, TensorInfo
 from tieaudit.repair.restore import Source, restored_array, sources
 
 if TYPE_CHECKING:

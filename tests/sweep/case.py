@@ -66,7 +66,7 @@ class Context:
 
 def cli(*args: str) -> tuple[int, str]:
     """tieaudit's command line, in this process: exit code and stdout."""
-    from tieaudit.cli import main
+    from tieaudit.cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

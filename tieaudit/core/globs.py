@@ -14,8 +14,8 @@ import functools
 import os
 import re
 
+from tieaudit.core.errors import UsageError
 from tieaudit.core.escape import printable
-from tieaudit.errors import UsageError
 
 MAX_GLOB_LENGTH = 4096
 """Longest pattern accepted: PATH_MAX, as no longer pattern can name a path on Linux."""

@@ -20,8 +20,8 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-from tieaudit.errors import one_line
-from tieaudit.units import human_bytes
+from tieaudit.core.errors import one_line
+from tieaudit.core.units import human_bytes
 
 _CHUNK = 1 << 20
 """Bytes asked of the kernel per read."""

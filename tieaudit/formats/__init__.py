@@ -7,9 +7,9 @@ import os
 import stat
 from collections.abc import Iterator
 
-from tieaudit.errors import InputError, UnsupportedFormatError
+from tieaudit.core.errors import InputError, UnsupportedFormatError
+from tieaudit.core.records import Checkpoint
 from tieaudit.formats.interface import Reader
-from tieaudit.model import Checkpoint
 
 HEAD_BYTES = 64
 

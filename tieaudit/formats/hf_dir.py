@@ -18,16 +18,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tieaudit.bytestore import ByteStore
+from tieaudit.core.bytestore import ByteStore
+from tieaudit.core.errors import InputError, UnsafeInputError
 from tieaudit.core.escape import printable
 from tieaudit.core.limits import TooLarge, nesting_depth_exceeds, parse_failure, read_limited
-from tieaudit.errors import InputError, UnsafeInputError
-from tieaudit.formats.hf_ties import config_ties, model_config
+from tieaudit.core.records import Checkpoint, DeclaredTie, Skipped, StorageInfo, TensorInfo
+from tieaudit.formats.hf_ties import CONFIG, config_ties, model_config
 from tieaudit.formats.interface import Reader
 from tieaudit.formats.safetensors import metadata_ties, read_header
-from tieaudit.model import Checkpoint, DeclaredTie, Skipped, StorageInfo, TensorInfo
 
-CONFIG = "config.json"
 TOKENIZER = "tokenizer.json"
 SAFE_SINGLE = "model.safetensors"
 SAFE_INDEX = "model.safetensors.index.json"

@@ -11,12 +11,14 @@ transformers and never builds a model from a config it was handed).
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from tieaudit.errors import InputError
+from tieaudit.core.errors import InputError
+from tieaudit.core.records import Checkpoint, DeclaredTie, ModelConfig, Skipped, VocabRoles
 from tieaudit.formats.layer_names import layer_template
 from tieaudit.formats.tie_table import (
     TIE_FLAG,
@@ -26,7 +28,6 @@ from tieaudit.formats.tie_table import (
     resolve,
     tie_table,
 )
-from tieaudit.model import DeclaredTie, ModelConfig, Skipped, VocabRoles
 
 Resolver = Literal["table"]
 
@@ -46,6 +47,9 @@ __all__ = [
     "model_config",
     "resolve_ties",
 ]
+
+CONFIG = "config.json"
+"""A Hugging Face model folder's configuration file."""
 
 
 @dataclass(frozen=True)
@@ -345,3 +349,19 @@ def model_config(
         class_ties=class_tie_pairs(resolved, stored),
         layer_templates=class_layer_templates(resolved, stored),
     )
+
+
+def with_flag(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of config with the flag set true at the top and where ``text_config`` states it."""
+    edited = copy.deepcopy(dict(config))
+    edited[TIE_FLAG] = True
+    nested = edited.get("text_config")
+    if isinstance(nested, dict) and TIE_FLAG in nested:
+        nested[TIE_FLAG] = True
+    return edited
+
+
+def class_pairs(ckpt: Checkpoint, config: Mapping[str, Any]) -> set[tuple[str, str]]:
+    """``(target, source)`` pairs the model class ties when the flag is true (empty: unresolved)."""
+    ties, _ = config_ties(with_flag(config), os.path.join(ckpt.path, CONFIG), stored=ckpt.names)
+    return {(t.target, t.source) for t in ties}

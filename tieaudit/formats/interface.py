@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from tieaudit.model import Checkpoint, Format
+from tieaudit.core.records import Checkpoint, Format
 
 
 class Reader(ABC):

@@ -21,8 +21,8 @@ import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from tieaudit.core.errors import InputError, UnsafeInputError
 from tieaudit.core.escape import quoted
-from tieaudit.errors import InputError, UnsafeInputError
 
 _DRIVE = re.compile(r"^[A-Za-z]:")
 

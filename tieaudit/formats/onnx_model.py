@@ -17,17 +17,12 @@ from collections import ChainMap
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from tieaudit.bytestore import ByteStore
+from tieaudit.core.bytestore import ByteStore
+from tieaudit.core.dtypes import itemsize
+from tieaudit.core.errors import InputError, one_line
 from tieaudit.core.escape import quoted
 from tieaudit.core.limits import bounded_product
-from tieaudit.dtypes import itemsize
-from tieaudit.errors import InputError, one_line
-from tieaudit.formats.interface import Reader
-from tieaudit.formats.onnx_external import ExternalFiles
-from tieaudit.formats.onnx_tensors import every_tensor
-from tieaudit.formats.safetensors import TIES_METADATA_KEY, tieaudit_ties
-from tieaudit.formats.viewable import MAX_BYTES, MAX_DIMS, check_viewable
-from tieaudit.model import (
+from tieaudit.core.records import (
     Checkpoint,
     Consumer,
     DeclaredTie,
@@ -36,6 +31,11 @@ from tieaudit.model import (
     TensorInfo,
     contiguous_strides,
 )
+from tieaudit.formats.interface import Reader
+from tieaudit.formats.onnx_external import ExternalFiles
+from tieaudit.formats.onnx_tensors import every_tensor
+from tieaudit.formats.safetensors import TIES_METADATA_KEY, tieaudit_ties
+from tieaudit.formats.viewable import MAX_BYTES, MAX_DIMS, check_viewable
 
 if TYPE_CHECKING:
     from onnx import GraphProto, ModelProto, NodeProto, TensorProto

@@ -18,15 +18,22 @@ import os
 import struct
 from dataclasses import dataclass
 
-from tieaudit.bytestore import ByteStore
+from tieaudit.core.bytestore import ByteStore
+from tieaudit.core.dtypes import ITEMSIZE, itemsize
+from tieaudit.core.errors import InputError, UnsupportedFormatError
 from tieaudit.core.escape import quoted
 from tieaudit.core.limits import U64_MAX, bounded_product, shown_dims
-from tieaudit.dtypes import ITEMSIZE, itemsize
-from tieaudit.errors import InputError, UnsupportedFormatError
+from tieaudit.core.records import (
+    Checkpoint,
+    DeclaredBy,
+    DeclaredTie,
+    StorageInfo,
+    TensorInfo,
+    contiguous_strides,
+)
 from tieaudit.formats.interface import Reader
 from tieaudit.formats.safetensors_json import DuplicateKeyError, HeaderJsonError, parse_header_json
 from tieaudit.formats.viewable import MAX_DIMS, check_viewable
-from tieaudit.model import Checkpoint, DeclaredBy, DeclaredTie, StorageInfo, TensorInfo, contiguous_strides
 
 MAX_HEADER_BYTES = 100_000_000
 """Largest JSON header: the limit the safetensors library itself enforces (it refuses larger)."""

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tieaudit.errors import InputError
+from tieaudit.core.errors import InputError
 from tieaudit.formats.layer_names import truncated, unnumbered
 
 TABLE_RESOURCE = "tie_table.json"

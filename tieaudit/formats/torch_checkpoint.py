@@ -12,13 +12,13 @@ import reprlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from tieaudit.bytestore import ByteStore
-from tieaudit.dtypes import ITEMSIZE, itemsize
-from tieaudit.errors import InputError
+from tieaudit.core.bytestore import ByteStore
+from tieaudit.core.dtypes import ITEMSIZE, itemsize
+from tieaudit.core.errors import InputError
+from tieaudit.core.records import MAX_KEPT_SKIPPED, Checkpoint, Skipped, StorageInfo, TensorInfo
 from tieaudit.formats.pickle_vm import MAX_DEPTH
 from tieaudit.formats.torch_records import DtypeToken, Opaque, StorageRef, TensorRecord
 from tieaudit.formats.viewable import check_viewable
-from tieaudit.model import MAX_KEPT_SKIPPED, Checkpoint, Skipped, StorageInfo, TensorInfo
 
 MAX_VISITS = 1_000_000
 """Values visited while flattening; bounds work on pickles that share one container many times."""

@@ -16,8 +16,9 @@ import os
 import re
 from collections.abc import Iterator
 
+from tieaudit.core.errors import InputError, UnsupportedFormatError
 from tieaudit.core.escape import printable
-from tieaudit.errors import InputError, UnsupportedFormatError
+from tieaudit.core.records import Checkpoint
 from tieaudit.formats.interface import Reader
 from tieaudit.formats.pickle_vm import MAX_DEPTH, Truncated
 from tieaudit.formats.torch_checkpoint import ROOT_NAME, LocateStorage, build_checkpoint, flatten, key_name
@@ -33,7 +34,6 @@ from tieaudit.formats.zip_archive import (
     read_member,
     shown,
 )
-from tieaudit.model import Checkpoint
 
 __all__ = ["MAX_DEPTH", "MAX_PICKLE_BYTES", "ROOT_NAME", "ZIP_MAGIC", "TorchReader", "flatten", "key_name"]
 

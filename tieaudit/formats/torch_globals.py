@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tieaudit.dtypes import ITEMSIZE
+from tieaudit.core.dtypes import ITEMSIZE
 from tieaudit.formats.torch_records import (
     MAX_INT64,
     CounterDict,

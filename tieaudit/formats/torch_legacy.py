@@ -12,8 +12,8 @@ import reprlib
 import struct
 import tarfile
 
+from tieaudit.core.errors import InputError, UnsupportedFormatError
 from tieaudit.core.escape import printable
-from tieaudit.errors import InputError, UnsupportedFormatError
 from tieaudit.formats.pickle_vm import Truncated
 from tieaudit.formats.torch_checkpoint import LocateStorage
 from tieaudit.formats.torch_pickle import MAX_PICKLE_BYTES, Layout, load_pickle, truncated_error

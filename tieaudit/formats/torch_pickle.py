@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
+from tieaudit.core.errors import InputError, UnsafeInputError, UnsupportedFormatError
 from tieaudit.core.escape import printable
-from tieaudit.errors import InputError, UnsafeInputError, UnsupportedFormatError
 from tieaudit.formats.pickle_vm import PickleError, Truncated, run_pickle
 from tieaudit.formats.torch_globals import ALLOWLIST, NOT_READ
 from tieaudit.formats.torch_records import (

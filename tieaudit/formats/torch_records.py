@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from tieaudit.dtypes import ITEMSIZE
+from tieaudit.core.dtypes import ITEMSIZE
 from tieaudit.formats.pickle_vm import PickleError
 
 MAX_INT64 = 2**63 - 1

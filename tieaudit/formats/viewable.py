@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from tieaudit.core.errors import InputError
 from tieaudit.core.limits import NPY_INTP_MAX, bounded_product, shown_dims
-from tieaudit.errors import InputError
 
 MAX_DIMS = 64
 """numpy's limit on dimensions (NPY_MAXDIMS)."""

@@ -22,8 +22,8 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tieaudit.core.errors import InputError, UnsafeInputError
 from tieaudit.core.escape import printable
-from tieaudit.errors import InputError, UnsafeInputError
 
 MAX_MEMBERS = 1_000_000
 """Members in one archive: one per storage, so a 1 TB training checkpoint has a few hundred thousand."""

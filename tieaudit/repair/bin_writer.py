@@ -20,9 +20,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from tieaudit.errors import UnsupportedFormatError
+from tieaudit.core.errors import UnsupportedFormatError
+from tieaudit.core.records import Checkpoint
 from tieaudit.formats.hf_dir import WeightSet, confined_path, load_json
-from tieaudit.model import Checkpoint
 from tieaudit.repair.plan import RetiePlan
 from tieaudit.repair.torch_writer import load_weights, retied, torch_module
 

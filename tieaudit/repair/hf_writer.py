@@ -17,16 +17,15 @@ copied, never links, and only from inside the folder).
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import shutil
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from tieaudit.errors import UnsafeInputError, UnsupportedFormatError, UsageError
+from tieaudit.core.errors import UnsafeInputError, UnsupportedFormatError, UsageError
+from tieaudit.core.records import Checkpoint, TensorInfo
 from tieaudit.formats.hf_dir import (
-    CONFIG,
     WeightSet,
     confined_path,
     find_weights,
@@ -34,9 +33,8 @@ from tieaudit.formats.hf_dir import (
     read_config,
     torch_weights,
 )
-from tieaudit.formats.hf_ties import TIE_FLAG, config_ties
+from tieaudit.formats.hf_ties import CONFIG, TIE_FLAG, class_pairs, with_flag
 from tieaudit.formats.safetensors import read_header
-from tieaudit.model import Checkpoint, TensorInfo
 from tieaudit.repair.interface import Writer
 from tieaudit.repair.plan import RetiePlan
 from tieaudit.repair.safetensors_writer import (
@@ -162,22 +160,6 @@ def rewrite_index(ckpt: Checkpoint, index: str, records: list[TieRecord], names:
     return write_json(os.path.join(out, index), raw)
 
 
-def _with_flag(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of config with the flag set true at the top and where ``text_config`` states it."""
-    edited = copy.deepcopy(dict(config))
-    edited[TIE_FLAG] = True
-    nested = edited.get("text_config")
-    if isinstance(nested, dict) and TIE_FLAG in nested:
-        nested[TIE_FLAG] = True
-    return edited
-
-
-def class_pairs(ckpt: Checkpoint, config: Mapping[str, Any]) -> set[tuple[str, str]]:
-    """``(target, source)`` pairs the model class ties when the flag is true (empty: unresolved)."""
-    ties, _ = config_ties(_with_flag(config), os.path.join(ckpt.path, CONFIG), stored=ckpt.names)
-    return {(t.target, t.source) for t in ties}
-
-
 def refuse_unrestorable(ckpt: Checkpoint, applied: list[TieRecord], pairs: set[tuple[str, str]]) -> None:
     """transformers restores a dropped name only through the class's own ties: an equal copy that
     is not one of them would come back randomly initialised, so it is refused rather than written.
@@ -222,7 +204,7 @@ def retied_config(
                 "stored and were not found equal; re-tie them too or edit the config yourself",
                 ckpt.path,
             )
-    return _with_flag(config)
+    return with_flag(config)
 
 
 def _folders(out: str) -> list[str]:

@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tieaudit.errors import InputError, UsageError, one_line
+from tieaudit.core.errors import InputError, UsageError, one_line
+from tieaudit.core.records import Checkpoint, TensorInfo
 from tieaudit.formats.onnx_model import ONNX_DTYPES, is_op, load_model, subgraphs
 from tieaudit.formats.safetensors import TIES_METADATA_KEY
-from tieaudit.model import Checkpoint, TensorInfo
 from tieaudit.repair.interface import Writer
 from tieaudit.repair.plan import Decision, RetiePlan
 

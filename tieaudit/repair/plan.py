@@ -13,32 +13,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tieaudit.declared_copies import declared_copy_groups
-from tieaudit.detect import ALL_RELATIONS, CopyGroup, CopyMember, CopyRelation, find_copies, lookup_tables
-from tieaudit.errors import UsageError
+from tieaudit.core.errors import UsageError
+from tieaudit.core.records import Checkpoint, Format
+from tieaudit.formats.capabilities import DEFAULT_RELATIONS, REPRESENTABLE, WHY_NOT_DEFAULT
 from tieaudit.formats.hf_dir import torch_weights
-from tieaudit.graph import AliasGraph
-from tieaudit.model import Checkpoint, Format
-from tieaudit.repair.loaders import LoaderRule, flag_companions, loader_rule
-
-DEFAULT_RELATIONS: dict[Format, frozenset[str]] = {
-    "safetensors": frozenset({"equal"}),
-    "hf-dir": frozenset({"equal"}),
-    "torch": frozenset({"equal", "transposed"}),
-    "onnx": frozenset({"equal", "transposed"}),
-}
-REPRESENTABLE: dict[Format, frozenset[str]] = {
-    "safetensors": ALL_RELATIONS,
-    "hf-dir": ALL_RELATIONS,
-    "torch": frozenset({"equal", "transposed"}),
-    "onnx": ALL_RELATIONS,
-}
-_WHY_NOT_DEFAULT = {
-    "transposed": "a transposed copy in safetensors is restored only by tieaudit.load_tied "
-    "(other loaders would see a missing tensor); ask with --relations equal,transposed",
-    "cast": "a cast copy is restored only by tieaudit.load_tied (or a Cast node in ONNX); "
-    "ask with --relations equal,cast",
-}
+from tieaudit.formats.loaders import LoaderRule, flag_companions, loader_rule
+from tieaudit.graph.alias import AliasGraph
+from tieaudit.graph.declared_copies import declared_copy_groups
+from tieaudit.graph.detect import (
+    ALL_RELATIONS,
+    CopyGroup,
+    CopyMember,
+    CopyRelation,
+    find_copies,
+    lookup_tables,
+)
 
 
 @dataclass(frozen=True)
@@ -132,7 +121,7 @@ def _reason(member: CopyMember, ckpt: Checkpoint, options: _Options) -> str:
     if member.relation not in options.chosen:
         if options.explicit:
             return f"{member.relation} not in --relations"
-        return _WHY_NOT_DEFAULT.get(member.relation, f"{member.relation} not in --relations")
+        return WHY_NOT_DEFAULT.get(member.relation, f"{member.relation} not in --relations")
     return ""
 
 

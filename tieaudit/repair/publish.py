@@ -18,6 +18,7 @@ import shutil
 import stat
 from dataclasses import dataclass
 
+from tieaudit.core.errors import OutputError, UsageError
 from tieaudit.core.escape import printable
 from tieaudit.core.fsops import (
     UNSUPPORTED,
@@ -29,7 +30,6 @@ from tieaudit.core.fsops import (
     rename_noreplace,
     same_entry,
 )
-from tieaudit.errors import OutputError, UsageError
 
 STAGE_INFIX = ".tieaudit-stage-"
 BACKUP_SUFFIX = ".bak"

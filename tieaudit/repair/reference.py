@@ -23,12 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from tieaudit.compare import BlockComparer
+from tieaudit.core.dtypes import to_numpy
+from tieaudit.core.errors import TieauditError
 from tieaudit.core.escape import printable
-from tieaudit.dtypes import to_numpy
-from tieaudit.errors import TieauditError
+from tieaudit.core.records import Checkpoint, TensorInfo
 from tieaudit.formats.hf_dir import torch_weights
-from tieaudit.model import Checkpoint, TensorInfo
+from tieaudit.graph.compare import BlockComparer
 from tieaudit.repair.restore import Source, sources
 
 REFERENCE_BLOCK_BYTES = 2 << 20

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tieaudit.dtypes import to_numpy
-from tieaudit.model import Checkpoint
+from tieaudit.core.dtypes import to_numpy
+from tieaudit.core.records import Checkpoint
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,12 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tieaudit.core.errors import OutputError, TieauditError, UsageError
 from tieaudit.core.fsops import fsync_path
 from tieaudit.core.interrupts import SignalGuard, signals_guarded, worker_pool
-from tieaudit.errors import OutputError, TieauditError, UsageError
+from tieaudit.core.records import Checkpoint, Format
 from tieaudit.formats import open_checkpoint
-from tieaudit.graph import build_graph
-from tieaudit.model import Checkpoint, Format
+from tieaudit.graph.alias import build_graph
 from tieaudit.repair.interface import Writer
 from tieaudit.repair.plan import RetiePlan, make_plan
 from tieaudit.repair.publish import (

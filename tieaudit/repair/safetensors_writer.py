@@ -13,9 +13,9 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from tieaudit.errors import UsageError
+from tieaudit.core.errors import UsageError
+from tieaudit.core.records import Checkpoint
 from tieaudit.formats.safetensors import TIES_METADATA_KEY, read_header, tieaudit_ties
-from tieaudit.model import Checkpoint
 from tieaudit.repair.interface import Writer
 from tieaudit.repair.plan import RetiePlan
 from tieaudit.repair.st_stream import write_safetensors

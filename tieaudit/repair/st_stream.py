@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from tieaudit.core.errors import UnsupportedFormatError
 from tieaudit.core.interrupts import worker_pool
-from tieaudit.errors import UnsupportedFormatError
+from tieaudit.core.records import Checkpoint, TensorInfo
 from tieaudit.formats.safetensors import SAFETENSORS_DTYPES
-from tieaudit.model import Checkpoint, TensorInfo
 
 WRITER_THREADS = 2
 CHUNK_BYTES = 64 << 20

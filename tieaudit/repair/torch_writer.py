@@ -14,10 +14,10 @@ import pickle
 from collections.abc import Callable
 from typing import Any
 
-from tieaudit.errors import InputError, UnsupportedFormatError
+from tieaudit.core.errors import InputError, UnsupportedFormatError
+from tieaudit.core.records import Checkpoint
 from tieaudit.formats.torch_file import ROOT_NAME, ZIP_MAGIC
 from tieaudit.formats.torch_file import key_name as key_name  # the reader's naming, shared on purpose
-from tieaudit.model import Checkpoint
 from tieaudit.repair.interface import Writer
 from tieaudit.repair.plan import Decision, RetiePlan
 

@@ -11,11 +11,11 @@ import threading
 
 import numpy as np
 
-from tieaudit.compare import BlockComparer
+from tieaudit.core.errors import TieauditError
 from tieaudit.core.interrupts import worker_pool
-from tieaudit.errors import TieauditError
+from tieaudit.core.records import Checkpoint, TensorInfo
 from tieaudit.formats import open_checkpoint
-from tieaudit.model import Checkpoint, TensorInfo
+from tieaudit.graph.compare import BlockComparer
 from tieaudit.repair.reference import ReferenceCheck, reference_check
 from tieaudit.repair.restore import Source, restored_array, sources
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tieaudit import __version__
 from tieaudit.audit import Audit
-from tieaudit.check import Checked, CheckResult
-from tieaudit.units import human_bytes
+from tieaudit.core.units import human_bytes
+from tieaudit.core.version import __version__
+from tieaudit.gate.check import Checked, CheckResult
 
 
 def render(audit: Audit, fmt: str, color: bool = False) -> str:

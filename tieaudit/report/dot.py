@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from tieaudit.audit import Audit
-from tieaudit.units import human_bytes
+from tieaudit.core.units import human_bytes
 
 
 def _quote(text: str) -> str:

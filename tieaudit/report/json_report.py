@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tieaudit import __version__
 from tieaudit.audit import Audit
-from tieaudit.findings import Finding
+from tieaudit.core.version import __version__
+from tieaudit.rules.registry import Finding
 
 SCHEMA = "tieaudit.report/1"
 

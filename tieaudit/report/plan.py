@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from tieaudit.core.escape import printable
+from tieaudit.core.units import human_bytes
 from tieaudit.repair.retie import RetieResult
-from tieaudit.units import human_bytes
 
 
 def render_plan(result: RetieResult) -> str:

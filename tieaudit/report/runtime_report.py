@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tieaudit import __version__
 from tieaudit.core.escape import printable
-from tieaudit.export import ExportResult
+from tieaudit.core.units import human_bytes
+from tieaudit.core.version import __version__
 from tieaudit.report.json_report import finding_dict
-from tieaudit.runtime import ConfigResult, RuntimeReport
-from tieaudit.units import human_bytes
+from tieaudit.runtime.export import ExportResult
+from tieaudit.runtime.measure import ConfigResult, RuntimeReport
 
 SCHEMA = "tieaudit.runtime/1"
 MIB = 1 << 20

@@ -14,10 +14,10 @@ import os
 from typing import Any
 from urllib.parse import quote_from_bytes
 
-from tieaudit import __version__
-from tieaudit.check import Checked, CheckResult
 from tieaudit.core.escape import printable
-from tieaudit.findings import RULES, Finding
+from tieaudit.core.version import __version__
+from tieaudit.gate.check import Checked, CheckResult
+from tieaudit.rules.registry import RULES, Finding
 
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 SRCROOT = "%SRCROOT%"

@@ -9,12 +9,12 @@ from rich.table import Table
 from rich.text import Text
 
 from tieaudit.audit import Audit
-from tieaudit.check import CheckResult
 from tieaudit.core.escape import printable
-from tieaudit.formats.hf_dir import CONFIG
-from tieaudit.graph import TieState
-from tieaudit.model import Checkpoint
-from tieaudit.units import human_bytes
+from tieaudit.core.records import Checkpoint
+from tieaudit.core.units import human_bytes
+from tieaudit.formats.hf_ties import CONFIG
+from tieaudit.gate.check import CheckResult
+from tieaudit.graph.alias import TieState
 
 MAX_TENSOR_ROWS = 30
 """Tensors listed in the text report (the largest first); --format json lists every one."""

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tieaudit.errors import InputError, UsageError, one_line
+from tieaudit.core.errors import InputError, UsageError, one_line
 
 if TYPE_CHECKING:
     import torch

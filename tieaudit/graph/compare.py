@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import xxhash
 
-from tieaudit.dtypes import itemsize, to_numpy
-from tieaudit.model import Checkpoint, TensorInfo
+from tieaudit.core.dtypes import itemsize, to_numpy
+from tieaudit.core.records import Checkpoint, TensorInfo
 
 BLOCK_BYTES = 16 << 20
 SAMPLE_COUNT = 16  # enough to tell random matrices apart; exact comparison decides

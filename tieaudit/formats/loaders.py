@@ -29,10 +29,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tieaudit.compare import BLOCK_BYTES, BlockComparer, equal_bytes, iter_blocks
 from tieaudit.core.components import Components
-from tieaudit.errors import UsageError
-from tieaudit.model import Checkpoint, TensorInfo
+from tieaudit.core.errors import UsageError
+from tieaudit.core.records import Checkpoint, TensorInfo
+from tieaudit.graph.compare import BLOCK_BYTES, BlockComparer, equal_bytes, iter_blocks
 
 NOT_A_TIE = "equal by construction is not a tie; --all-equal re-ties it"
 """The start of the reason for every equal copy the loader would not restore."""
@@ -100,8 +100,7 @@ def loader_rule(ckpt: Checkpoint) -> LoaderRule | None:
             "these tensors ({name} is not stored)",
         )
     from tieaudit.formats.hf_dir import torch_weights
-    from tieaudit.formats.hf_ties import flag_read_by
-    from tieaudit.repair.hf_writer import class_pairs
+    from tieaudit.formats.hf_ties import class_pairs, flag_read_by
 
     pairs = tuple(sorted(class_pairs(ckpt, config)))
     declared = tuple(sorted((t.target, t.source) for t in ckpt.declared_ties if t.declared_by == "config"))

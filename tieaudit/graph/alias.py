@@ -9,7 +9,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Literal
 
-from tieaudit.model import Checkpoint, DeclaredTie, TensorInfo
+from tieaudit.core.records import Checkpoint, DeclaredTie, TensorInfo
 
 Relation = Literal["identical", "transposed", "overlapping", "disjoint"]
 

@@ -11,14 +11,14 @@ from typing import Any, TypeVar
 
 import click
 
-from tieaudit.cli_common import EXIT_FINDINGS, echo_error, output_options, user_errors, write_output
-from tieaudit.units import parse_size
+from tieaudit.cli.common import EXIT_FINDINGS, echo_error, output_options, user_errors, write_output
+from tieaudit.core.units import parse_size
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 class SizeParam(click.ParamType[int]):
-    """A size in bytes, written 4GiB, 512MB or 1048576 (tieaudit.units.parse_size)."""
+    """A size in bytes, written 4GiB, 512MB or 1048576 (tieaudit.core.units.parse_size)."""
 
     name = "size"
 
@@ -173,8 +173,8 @@ def runtime(
       tieaudit runtime model.onnx --format json -o runtime.json
     """
     from tieaudit.report.runtime_report import render_runtime_json, render_runtime_text
-    from tieaudit.runtime import measure_runtime
-    from tieaudit.runtime_memory import checked_memory_limit
+    from tieaudit.runtime.measure import measure_runtime
+    from tieaudit.runtime.memory import checked_memory_limit
 
     report = measure_runtime(
         model,
@@ -242,8 +242,8 @@ def export(
       tieaudit export ./my-gpt2 model.onnx
       tieaudit export mymodels:build tiny.onnx --atol 1e-5
     """
-    from tieaudit.export import export_model
     from tieaudit.report.runtime_report import render_export_summary
+    from tieaudit.runtime.export import export_model
 
     result = export_model(source, out, opset, _dims(dims), atol, timeout)
     click.echo(render_export_summary(result), nl=False, err=True)

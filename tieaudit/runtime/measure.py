@@ -1,6 +1,6 @@
 """Does ONNX Runtime hold a shared initializer twice? Measure each session configuration, name the copies.
 
-Each configuration runs in a fresh subprocess (``tieaudit.runtime_probe``) with a timeout: anonymous
+Each configuration runs in a fresh subprocess (``tieaudit.runtime.probe``) with a timeout: anonymous
 memory (RssAnon) after session creation and after a few runs, the peak, median latency; then the
 optimized model ORT saves is searched for copies of the input's initializers (``runtime_graph``).
 The recommendation is the configuration that holds one copy (no static copy, no memory excess)
@@ -18,12 +18,12 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from tieaudit.errors import TieauditError, UsageError
-from tieaudit.findings import SEVERITY_RANK, Finding, Severity
-from tieaudit.runtime_graph import InputSpec, ModelFacts, StaticView, analyse_optimized, read_model
-from tieaudit.runtime_memory import MEMORY_LIMIT_ENV, default_memory_limit, memory_limit_from_env
-from tieaudit.runtime_probe import CONFIGS, ProbeError, SessionConfig, run_probe
-from tieaudit.units import human_bytes
+from tieaudit.core.errors import TieauditError, UsageError
+from tieaudit.core.units import human_bytes
+from tieaudit.rules.registry import SEVERITY_RANK, Finding, Severity
+from tieaudit.runtime.graph import InputSpec, ModelFacts, StaticView, analyse_optimized, read_model
+from tieaudit.runtime.memory import MEMORY_LIMIT_ENV, default_memory_limit, memory_limit_from_env
+from tieaudit.runtime.probe import CONFIGS, ProbeError, SessionConfig, run_probe
 
 DEFAULT_TIMEOUT = 300.0
 DEFAULT_RUNS = 10

@@ -14,12 +14,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tieaudit.core.errors import UsageError
 from tieaudit.core.globs import compile_glob, glob_matches, posix_relative
 from tieaudit.core.limits import NotRegularFile, TooLarge, nesting_depth_exceeds, parse_failure, read_limited
-from tieaudit.detect import ALL_RELATIONS, DEFAULT_MIN_BYTES
-from tieaudit.errors import UsageError
-from tieaudit.findings import RULES, SEVERITY_RANK, Severity
-from tieaudit.model import DeclaredTie
+from tieaudit.core.records import DeclaredTie
+from tieaudit.graph.detect import ALL_RELATIONS, DEFAULT_MIN_BYTES
+from tieaudit.rules.registry import RULES, SEVERITY_RANK, Severity
 
 PATH_TABLE = "path"
 """The array of tables holding per-glob overrides: ``[[path]]``."""

@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 import resource
 
-from tieaudit.errors import UsageError
-from tieaudit.runtime_graph import ModelFacts
-from tieaudit.units import human_bytes, parse_size
+from tieaudit.core.errors import UsageError
+from tieaudit.core.units import human_bytes, parse_size
+from tieaudit.runtime.graph import ModelFacts
 
 MEMORY_LIMIT_ENV = "TIEAUDIT_RUNTIME_MEMORY_LIMIT"
 """The probes' memory limit (a size: 4GiB, 512MB, bytes) for check --runtime and export; runtime's default."""

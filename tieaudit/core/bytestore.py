@@ -6,10 +6,10 @@ import mmap
 import os
 from typing import TYPE_CHECKING
 
-from tieaudit.errors import InputError
+from tieaudit.core.errors import InputError
 
 if TYPE_CHECKING:
-    from tieaudit.model import StorageInfo
+    from tieaudit.core.records import StorageInfo
 
 
 def _close_map(mapped: mmap.mmap) -> None:

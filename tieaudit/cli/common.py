@@ -9,8 +9,8 @@ from typing import Any, TypeVar
 
 import click
 
+from tieaudit.core.errors import TieauditError
 from tieaudit.core.escape import printable
-from tieaudit.errors import TieauditError
 
 EXIT_CLEAN = 0
 EXIT_FINDINGS = 1
@@ -70,7 +70,7 @@ def write_output(text: str, output: str | None) -> None:
     if output is None or output == STDOUT:
         click.echo(text, nl=False)
         return
-    from tieaudit.atomic import write_text_atomic
+    from tieaudit.core.atomic import write_text_atomic
 
     write_text_atomic(output, text)
 

@@ -1,6 +1,6 @@
 """The measured subprocess: one ONNX Runtime session under one named configuration.
 
-Run as ``python -m tieaudit.runtime_probe`` with the request JSON on stdin (started by ``run_probe``
+Run as ``python -m tieaudit.runtime.probe`` with the request JSON on stdin (started by ``run_probe``
 below; stdin, because argv holds at most 128 KiB and a model may have thousands of inputs), one fresh
 process per configuration, so that memory numbers start from the same baseline and a crash inside
 ONNX Runtime kills only this process. It prints exactly one JSON line on stdout.
@@ -27,9 +27,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tieaudit.core.errors import TieauditError, one_line
 from tieaudit.core.escape import printable
-from tieaudit.errors import TieauditError, one_line
-from tieaudit.units import human_bytes
+from tieaudit.core.units import human_bytes
 
 FOLD_LIMIT_KEY = "optimization.constant_folding_max_output_size_in_bytes"
 DISABLED_OPTIMIZERS_KEY = "optimization.disable_specified_optimizers"
@@ -226,7 +226,7 @@ class ProbeError(TieauditError):
 
 def probe_command() -> list[str]:
     """argv prefix of the probe subprocess (tests replace it)."""
-    return [sys.executable, "-m", "tieaudit.runtime_probe"]
+    return [sys.executable, "-m", "tieaudit.runtime.probe"]
 
 
 class MemoryLimitError(ProbeError):

@@ -18,10 +18,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tieaudit import __version__
+from tieaudit.core.errors import UsageError
 from tieaudit.core.globs import posix_relative
 from tieaudit.core.limits import NotRegularFile, TooLarge, nesting_depth_exceeds, parse_failure, read_limited
-from tieaudit.errors import UsageError
+from tieaudit.core.version import __version__
 
 if TYPE_CHECKING:
     from tieaudit.audit import Audit
@@ -129,7 +129,7 @@ def write_baseline(path: str, audits: Iterable[Audit]) -> int:
     """Accept every finding of the audits into a baseline file at path; returns the count."""
     root = os.path.dirname(os.path.abspath(path))
     entries = {entry(a.graph.checkpoint.path, f.rule, f.names, root) for a in audits for f in a.findings}
-    from tieaudit.atomic import write_text_atomic
+    from tieaudit.core.atomic import write_text_atomic
 
     write_text_atomic(path, baseline_text(entries))
     return len(entries)

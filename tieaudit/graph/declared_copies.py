@@ -10,10 +10,10 @@ group names as a target (the name the model class loads), else the first name.
 
 from __future__ import annotations
 
-from tieaudit.compare import BlockComparer, equal_bytes
 from tieaudit.core.components import Components
-from tieaudit.detect import CopyGroup, CopyMember
-from tieaudit.graph import AliasGraph
+from tieaudit.graph.alias import AliasGraph
+from tieaudit.graph.compare import BlockComparer, equal_bytes
+from tieaudit.graph.detect import CopyGroup, CopyMember
 
 
 def declared_copy_groups(graph: AliasGraph, covered: frozenset[str]) -> list[CopyGroup]:

@@ -6,8 +6,7 @@ import sys
 
 import click
 
-from tieaudit import __version__
-from tieaudit.cli_common import (
+from tieaudit.cli.common import (
     EXIT_CLEAN,
     EXIT_ERROR,
     echo_error,
@@ -17,6 +16,7 @@ from tieaudit.cli_common import (
     user_errors,
     write_output,
 )
+from tieaudit.core.version import __version__
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -169,10 +169,10 @@ def check(
     """
     import dataclasses
 
-    from tieaudit.baseline import fingerprint_root, load_baseline, write_baseline
-    from tieaudit.check import EXIT_FINDINGS, default_jobs, run_check
-    from tieaudit.policy import load_policy
+    from tieaudit.gate.baseline import fingerprint_root, load_baseline, write_baseline
+    from tieaudit.gate.check import EXIT_FINDINGS, default_jobs, run_check
     from tieaudit.report import check_summary_line, render_check
+    from tieaudit.rules.policy import load_policy
 
     policy = load_policy(policy_path).overridden(fail_on, min_size, ignored)  # type: ignore[arg-type]
     if runtime:
@@ -314,7 +314,7 @@ def retie(
 
 def _register_onnx_commands() -> None:
     # Defined in their own module (ONNX Runtime and torch stay lazy imports inside the commands).
-    from tieaudit.cli_onnx import export, runtime
+    from tieaudit.cli.onnx import export, runtime
 
     cli.add_command(runtime)
     cli.add_command(export)

@@ -12,7 +12,7 @@ import os
 import stat
 import tempfile
 
-from tieaudit.errors import OutputError
+from tieaudit.core.errors import OutputError
 
 
 def _umask() -> int:

@@ -14,12 +14,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tieaudit.detect import ALL_RELATIONS, DEFAULT_MIN_BYTES, CopyGroup, find_copies, lookup_tables
-from tieaudit.errors import InputError, UsageError, one_line
+from tieaudit.core.errors import InputError, UsageError, one_line
+from tieaudit.core.records import Checkpoint
 from tieaudit.formats import open_checkpoint
-from tieaudit.model import Checkpoint
-from tieaudit.runtime_inputs import InputSpec, input_specs
-from tieaudit.runtime_probe import DEFAULT_FOLD_LIMIT
+from tieaudit.graph.detect import ALL_RELATIONS, DEFAULT_MIN_BYTES, CopyGroup, find_copies, lookup_tables
+from tieaudit.runtime.inputs import InputSpec, input_specs
+from tieaudit.runtime.probe import DEFAULT_FOLD_LIMIT
 
 __all__ = ["InputSpec", "ModelFacts", "StaticView", "analyse_optimized", "input_specs", "read_model"]
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from tieaudit.detect import CopyGroup
-from tieaudit.findings import Finding
-from tieaudit.graph import AliasGraph, relate
-from tieaudit.model import Checkpoint, TensorInfo
+from tieaudit.core.records import Checkpoint, TensorInfo
+from tieaudit.graph.alias import AliasGraph, relate
+from tieaudit.graph.detect import CopyGroup
+from tieaudit.rules.registry import Finding
 
 EMBEDDING_NAMES = (
     "model.embed_tokens.weight",

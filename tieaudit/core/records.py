@@ -13,11 +13,11 @@ from typing import Literal
 
 import numpy as np
 
-from tieaudit.bytestore import ByteStore
+from tieaudit.core.bytestore import ByteStore
+from tieaudit.core.dtypes import itemsize, to_numpy
+from tieaudit.core.errors import InputError
 from tieaudit.core.escape import quoted
 from tieaudit.core.limits import NPY_INTP_MAX, bounded_product, shown_dims
-from tieaudit.dtypes import itemsize, to_numpy
-from tieaudit.errors import InputError
 
 Format = Literal["torch", "safetensors", "onnx", "hf-dir"]
 DeclaredBy = Literal["config", "metadata", "index", "policy"]

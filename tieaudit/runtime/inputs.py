@@ -14,11 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tieaudit.core.errors import InputError, UsageError
 from tieaudit.core.escape import printable
-from tieaudit.errors import InputError, UsageError
+from tieaudit.core.records import Checkpoint
+from tieaudit.core.units import human_bytes
 from tieaudit.formats.onnx_model import ONNX_DTYPES, is_op
-from tieaudit.model import Checkpoint
-from tieaudit.units import human_bytes
 
 if TYPE_CHECKING:
     from onnx import ModelProto, ValueInfoProto

@@ -16,11 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from tieaudit.detect import ALL_RELATIONS, CopyGroup
-from tieaudit.errors import TieauditError, UsageError, one_line
-from tieaudit.export_source import ExportSource, load_source, parameter_sizes
-from tieaudit.findings import Finding
+from tieaudit.core.errors import TieauditError, UsageError, one_line
+from tieaudit.graph.detect import ALL_RELATIONS, CopyGroup
 from tieaudit.repair.plan import Decision
+from tieaudit.rules.registry import Finding
+from tieaudit.runtime.export_source import ExportSource, load_source, parameter_sizes
 
 if TYPE_CHECKING:
     import numpy as np
@@ -155,8 +155,8 @@ def _stored(
     path: str, aliases: Mapping[str, int], sizes: Mapping[int, int]
 ) -> tuple[int, int, tuple[str, ...], tuple[CopyGroup, ...]]:
     """(parameter initializer bytes, all initializer bytes, parameters not stored, copies left) of path."""
-    from tieaudit.detect import find_copies, lookup_tables
     from tieaudit.formats import open_checkpoint
+    from tieaudit.graph.detect import find_copies, lookup_tables
 
     with open_checkpoint(path) as ckpt:
         stored_ids = {aliases[t.name] for t in ckpt.tensors if t.name in aliases}
@@ -190,7 +190,7 @@ def export_model(
 ) -> ExportResult:
     """Export source to out with the tie kept; out is written only when every check passes."""
     from tieaudit.repair.retie import retie
-    from tieaudit.runtime import runtime_findings
+    from tieaudit.runtime.measure import runtime_findings
 
     _check_out(out)
     loaded = load_source(source, dims or {})

@@ -14,8 +14,8 @@ import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from tieaudit.core.errors import UsageError
 from tieaudit.core.globs import compile_glob, glob_matches, posix_relative
-from tieaudit.errors import UsageError
 
 __all__ = ["Discovery", "PathError", "Target", "discover", "glob_matches", "posix_relative"]
 

@@ -14,13 +14,13 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 from tieaudit.audit import Audit, audit_path
-from tieaudit.baseline import Baseline, fingerprint
-from tieaudit.discover import PathError, discover
-from tieaudit.errors import TieauditError, UsageError
-from tieaudit.findings import RULES, SEVERITY_RANK, Finding, Severity
-from tieaudit.policy import Policy
-from tieaudit.progress import ProgressBar
-from tieaudit.units import human_bytes
+from tieaudit.core.errors import TieauditError, UsageError
+from tieaudit.core.units import human_bytes
+from tieaudit.gate.baseline import Baseline, fingerprint
+from tieaudit.gate.discover import PathError, discover
+from tieaudit.gate.progress import ProgressBar
+from tieaudit.rules.policy import Policy
+from tieaudit.rules.registry import RULES, SEVERITY_RANK, Finding, Severity
 
 __all__ = ["EXIT_CLEAN", "EXIT_ERROR", "EXIT_FINDINGS", "CheckResult", "Checked", "PathError", "run_check"]
 
@@ -28,7 +28,7 @@ EXIT_CLEAN = 0
 EXIT_FINDINGS = 1
 EXIT_ERROR = 2
 PRELOAD = (
-    "tieaudit.rules",
+    "tieaudit.rules.evaluate",
     "tieaudit.formats.safetensors",
     "tieaudit.formats.torch_file",
     "tieaudit.formats.onnx_model",

@@ -5,19 +5,19 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-from tieaudit.compare import BlockComparer, difference, equal_bytes
 from tieaudit.core.components import Components
-from tieaudit.declared_copies import declared_copy_groups
-from tieaudit.detect import CopyGroup, find_copies, lookup_tables
-from tieaudit.findings import Finding
+from tieaudit.core.records import Checkpoint, TensorInfo
+from tieaudit.core.units import human_bytes
+from tieaudit.formats.capabilities import DEFAULT_RELATIONS, REPRESENTABLE
 from tieaudit.formats.layer_names import layer_template
-from tieaudit.graph import AliasGraph, TieState
-from tieaudit.model import Checkpoint, TensorInfo
-from tieaudit.policy import Policy
-from tieaudit.repair.loaders import loader_rule
-from tieaudit.repair.plan import DEFAULT_RELATIONS, REPRESENTABLE
-from tieaudit.rules_vocab import vocab_findings
-from tieaudit.units import human_bytes
+from tieaudit.formats.loaders import loader_rule
+from tieaudit.graph.alias import AliasGraph, TieState
+from tieaudit.graph.compare import BlockComparer, difference, equal_bytes
+from tieaudit.graph.declared_copies import declared_copy_groups
+from tieaudit.graph.detect import CopyGroup, find_copies, lookup_tables
+from tieaudit.rules.policy import Policy
+from tieaudit.rules.registry import Finding
+from tieaudit.rules.vocab import vocab_findings
 
 
 def _fix(ckpt: Checkpoint, relations: set[str]) -> str:

@@ -15,7 +15,9 @@ from typing import Literal
 
 import numpy as np
 
-from tieaudit.compare import (
+from tieaudit.core.dtypes import FLOATS, itemsize, to_numpy
+from tieaudit.core.records import Checkpoint, TensorInfo
+from tieaudit.graph.compare import (
     BlockComparer,
     cast_bytes,
     equal_bytes,
@@ -24,8 +26,6 @@ from tieaudit.compare import (
     sample,
     transposed_bytes,
 )
-from tieaudit.dtypes import FLOATS, itemsize, to_numpy
-from tieaudit.model import Checkpoint, TensorInfo
 
 CopyRelation = Literal["equal", "transposed", "cast"]
 ALL_RELATIONS: frozenset[str] = frozenset({"equal", "transposed", "cast"})

@@ -1,0 +1,1 @@
+"""Rules: the registry of every rule tieaudit emits, one module per rule family, and the policy."""

@@ -1,0 +1,1 @@
+"""ONNX Runtime: probe in a child process, optimized-graph analysis, measurement, and export."""
