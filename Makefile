@@ -45,6 +45,7 @@ test: $(STAMP) fixtures
 lint: $(STAMP)
 	$(VENV)/bin/ruff check tieaudit tests fixtures bench scripts fuzz
 	$(VENV)/bin/mypy --strict tieaudit
+	$(VENV)/bin/mypy --config-file tests/mypy.ini tests/*.py
 
 bench: $(STAMP)
 	$(PY) bench/detect.py

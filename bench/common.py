@@ -240,7 +240,7 @@ def run_measured(
     GNU time is a small C process, so %M has no such floor.
     stdout: a file to redirect the child's stdout to (default /dev/null). quiet hides stderr.
     """
-    out = open(stdout or os.devnull, "wb")  # noqa: SIM115 - closed below
+    out = open(stdout or os.devnull, "wb")
     err = subprocess.DEVNULL if quiet else None
     try:
         if USE_GNU_TIME:

@@ -19,6 +19,7 @@ import os
 import sys
 import time
 from collections import defaultdict
+from typing import cast
 
 from common import (
     MIB,
@@ -75,8 +76,8 @@ def baseline_sha512(path: str) -> dict[str, object]:
     mapped = np.memmap(path, dtype=np.uint8, mode="r")
     by_digest: dict[bytes, list[str]] = defaultdict(list)
     for name, info in header.items():
-        begin, end = info["data_offsets"]  # type: ignore[misc]
-        by_digest[hashlib.sha512(mapped[data_start + begin : data_start + end]).digest()].append(name)
+        begin, end = cast("tuple[int, int]", info["data_offsets"])
+        by_digest[hashlib.sha512(mapped[data_start + begin : data_start + end].data).digest()].append(name)
     groups = sorted((g for g in by_digest.values() if len(g) > 1), key=lambda g: (-len(g), g))
     return {"baseline": "sha512", "tensors": len(header), "duplicate_groups": groups}
 
@@ -90,7 +91,7 @@ def baseline_torch_equal(path: str) -> dict[str, object]:
     pairs: list[tuple[str, str]] = []
     with safe_open(path, framework="pt") as handle:
         buckets: dict[tuple[str, tuple[int, ...]], list[str]] = defaultdict(list)
-        for name in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
+        for name in handle.keys():
             view = handle.get_slice(name)
             buckets[(view.get_dtype(), tuple(view.get_shape()))].append(name)
         for names in buckets.values():

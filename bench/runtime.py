@@ -35,7 +35,7 @@ EMBEDDING_BYTES = 50257 * 768 * 4
 MIB = 1 << 20
 # Until cli.py registers runtime and export, this shim does (a no-op once they are registered).
 SHIM = (
-    "import sys; from tieaudit.cli.main import cli, main; from tieaudit import cli_onnx; "
+    "import sys; from tieaudit.cli.main import cli, main; from tieaudit.cli import onnx as cli_onnx; "
     "[cli.add_command(c) for c in (cli_onnx.runtime, cli_onnx.export) if c.name not in cli.commands]; "
     "sys.exit(main(sys.argv[1:]))"
 )

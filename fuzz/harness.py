@@ -7,8 +7,8 @@ line. Mutators take a ``random.Random``, so hypothesis (``st.randoms()``), ather
 plain loop drive the same code.
 
 ``check_one`` reads the input with the kind's reader and returns what happened. Allowed: a
-TieauditError (the input was refused), or a Checkpoint whose every tensor lies inside its storage
-and can be viewed. Anything else escapes as an exception: that is a crash.
+TieauditError (the input was refused), or an OpenCheckpoint whose every tensor lies inside its
+storage and can be viewed. Anything else escapes as an exception: that is a crash.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ ROOT = Path(__file__).resolve().parent.parent
 HOSTILE = ROOT / "fixtures" / "hostile"
 GENERATED = ROOT / "fixtures" / "generated"
 sys.path.insert(0, str(HOSTILE))
-import make_hostile as mh  # noqa: E402
+import make_hostile as mh  # type: ignore[import-not-found]  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import mutators_trust as trust  # noqa: E402
+import mutators_trust as trust  # type: ignore[import-not-found]  # noqa: E402
 
 if TYPE_CHECKING:
     import onnx
@@ -145,16 +145,17 @@ def _reader(kind: str) -> Callable[[str], object]:
     return readers[kind]
 
 
-def check_checkpoint(ckpt: object) -> int:
+def check_checkpoint(opened: object) -> int:
     """Every tensor inside its storage and viewable; every storage inside its file. Returns the count."""
+    from tieaudit.core.bytestore import OpenCheckpoint
     from tieaudit.core.dtypes import itemsize
-    from tieaudit.core.records import Checkpoint
 
-    if not isinstance(ckpt, Checkpoint):
-        raise Crash(f"reader returned {type(ckpt).__name__}, not a Checkpoint")
-    for storage in ckpt.storages.values():
-        if len(ckpt.store.buffer(storage)) != storage.nbytes:
-            raise Crash(f"storage {storage.storage_id!r} is not {storage.nbytes} bytes long")
+    if not isinstance(opened, OpenCheckpoint):
+        raise Crash(f"reader returned {type(opened).__name__}, not an OpenCheckpoint")
+    ckpt = opened.checkpoint
+    for stored in ckpt.storages.values():
+        if len(opened.store.buffer(stored)) != stored.nbytes:
+            raise Crash(f"storage {stored.storage_id!r} is not {stored.nbytes} bytes long")
     for tensor in ckpt.tensors:
         storage = ckpt.storages.get(tensor.storage_id)
         if storage is None:
@@ -166,7 +167,7 @@ def check_checkpoint(ckpt: object) -> int:
             raise Crash(
                 f"tensor {tensor.name!r} spans bytes {start}..{end} of a {storage.nbytes}-byte storage"
             )
-        array = ckpt.array(tensor)
+        array = opened.array(tensor)
         if array.shape != tensor.shape or array.dtype.itemsize != itemsize(tensor.dtype):
             raise Crash(f"tensor {tensor.name!r} viewed as {array.shape} {array.dtype}")
         if array.size:  # touch the first and last element
@@ -184,7 +185,7 @@ def check_one(kind: str, data: bytes, folder: Path, audit: bool = False) -> Outc
 
     path = materialize(kind, data, folder)
     try:
-        ckpt = _reader(kind)(str(path))
+        opened = _reader(kind)(str(path))
     except UnsafeInputError as exc:
         spelled = refused_global(exc.message)
         return Outcome("blocked-exec" if spelled and is_exec_primitive(spelled) else "rejected", exc.message)
@@ -193,31 +194,31 @@ def check_one(kind: str, data: bytes, folder: Path, audit: bool = False) -> Outc
     finally:
         if (folder / MARKER).exists() or Path(MARKER).exists():
             raise Crash("pickle code ran: the payload's marker file exists")
-    from tieaudit.core.records import Checkpoint
+    from tieaudit.core.bytestore import OpenCheckpoint
 
-    assert isinstance(ckpt, Checkpoint)
-    with ckpt:
-        count = check_checkpoint(ckpt)
+    assert isinstance(opened, OpenCheckpoint)
+    with opened:
+        count = check_checkpoint(opened)
         if audit:
             try:
-                _audit(ckpt)
+                _audit(opened)
             except TieauditError as exc:
                 return Outcome("rejected", exc.message)
     return Outcome("accepted", f"{count} tensors")
 
 
-def _audit(ckpt: object) -> None:
+def _audit(opened: object) -> None:
     """What the CLI does after reading: the alias graph, the rules, and the JSON and text reports."""
     from tieaudit.audit import Audit
-    from tieaudit.core.records import Checkpoint
+    from tieaudit.core.bytestore import OpenCheckpoint
     from tieaudit.graph.alias import build_graph
     from tieaudit.report import render
-    from tieaudit.rules.evaluate import evaluate
     from tieaudit.rules.policy import Policy
+    from tieaudit.rules.registry import evaluate
 
-    assert isinstance(ckpt, Checkpoint)
-    graph = build_graph(ckpt)
-    audit = Audit(graph, evaluate(graph, Policy()))
+    assert isinstance(opened, OpenCheckpoint)
+    graph = build_graph(opened.checkpoint)
+    audit = Audit(graph, evaluate(graph, opened, Policy()))
     json.loads(render(audit, "json", color=False))
     render(audit, "text", color=False)
 
@@ -369,9 +370,10 @@ def _ops(data: bytes) -> list[tuple[str, object, int, int]]:
     previous: tuple[str, object, int] | None = None
     stream = io.BytesIO(data)
     for opcode, arg, pos in pickletools.genops(stream):
+        start = pos if pos is not None else 0
         if previous is not None:
-            found.append((*previous, pos))
-        previous = (opcode.name, arg, pos if pos is not None else 0)
+            found.append((*previous, start))
+        previous = (opcode.name, arg, start)
     if previous is not None:
         found.append((*previous, stream.tell()))
     return found

@@ -114,14 +114,14 @@ def _instrumented_imports() -> None:
     import atheris
 
     with atheris.instrument_imports(include=["tieaudit"]):
-        import tieaudit.audit  # noqa: F401
-        import tieaudit.formats.hf_dir  # noqa: F401
-        import tieaudit.formats.onnx_model  # noqa: F401
-        import tieaudit.formats.safetensors  # noqa: F401
-        import tieaudit.formats.torch_file  # noqa: F401
-        import tieaudit.graph.alias  # noqa: F401
-        import tieaudit.report  # noqa: F401
-        import tieaudit.rules.evaluate  # noqa: F401
+        import tieaudit.audit
+        import tieaudit.formats.hf_dir
+        import tieaudit.formats.onnx_model
+        import tieaudit.formats.safetensors
+        import tieaudit.formats.torch_file
+        import tieaudit.graph.alias
+        import tieaudit.report
+        import tieaudit.rules.registry  # noqa: F401
 
 
 def run_atheris(args: argparse.Namespace, stats: Stats, scratch: Path) -> None:
@@ -262,7 +262,7 @@ def summarize(out: Path, engine: str, workers: int, seconds: float, deaths: list
     per_kind = {
         kind: sum(n for key, n in outcomes.items() if key.startswith(kind + "/")) for kind in harness.KINDS
     }
-    per_label = Counter()
+    per_label: Counter[str] = Counter()
     for key, count in outcomes.items():
         per_label[key.split("/", 1)[1]] += count
     executed = markers(out / "scratch")

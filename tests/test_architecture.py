@@ -9,6 +9,7 @@ the direction but not for cycles.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,36 @@ def test_the_checks_above_see_a_violation() -> None:
     assert any(layer(t) == "runtime" for m in ENTRY_MODULES for t, _ in imports(m))
     with pytest.raises(AssertionError):
         layer("tieaudit.nowhere.module")
+
+
+def test_the_readme_architecture_tree_lists_every_package_and_entry_module() -> None:
+    readme = (PACKAGE.parent / "README.md").read_text()
+    block = readme.split("\n## Architecture\n", 1)[1].split("```", 2)[1]
+    listed = {m.group(1) for m in re.finditer(r"^  (\w+/|\w+\.py)", block, flags=re.MULTILINE)}
+    actual = {f"{p.name}/" for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    actual |= {p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py")}
+    assert listed == actual
+    assert [s for s in LAYERS if s not in ("entry", "top")] == [
+        name.rstrip("/") for name in sorted(listed, key=block.index) if name.endswith("/")
+    ]
+
+
+def test_parameters_after_the_third_are_keyword_only() -> None:
+    """Long positional calls (run_retie(source, out, relations, keep, dry_run, ...), 14-field record
+    constructors) are unreadable: a function or record with more than three takes the rest by name."""
+    positional = []
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.args.vararg is None:
+                names = [
+                    a.arg for a in node.args.posonlyargs + node.args.args if a.arg not in ("self", "cls")
+                ]
+                if len(names) > 3:
+                    positional.append(f"{module}.{node.name}({', '.join(names)})")
+            if isinstance(node, ast.ClassDef) and any(
+                "dataclass" in ast.unparse(d) for d in node.decorator_list
+            ):
+                fields = [s for s in node.body if isinstance(s, ast.AnnAssign)]
+                if len(fields) > 3 and not any("kw_only=True" in ast.unparse(d) for d in node.decorator_list):
+                    positional.append(f"{module}.{node.name}: {len(fields)} positional fields")
+    assert not positional, "\n".join(positional)

@@ -61,18 +61,18 @@ def test_the_baseline_file_is_reviewable_and_fingerprints_are_defined(repo: Path
     key = json.dumps(["models/cloned.safetensors", "TIE001", names], separators=(",", ":"))
     assert entries[0]["fingerprint"] == hashlib.sha256(key.encode()).hexdigest()
     cloned = str(repo / "models" / "cloned.safetensors")
-    assert fingerprint(cloned, "TIE001", names[::-1], str(repo)) == entries[0]["fingerprint"]
+    assert fingerprint(cloned, "TIE001", names[::-1], root=str(repo)) == entries[0]["fingerprint"]
 
 
 def test_fingerprints_ignore_how_paths_are_spelled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "repo"
     (root / "models").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
-    absolute = fingerprint(str(root / "models" / "m.pt"), "TIE001", ["b", "a"], str(root))
-    assert fingerprint("repo/models/../models/m.pt", "TIE001", ["a", "b"], "repo") == absolute
+    absolute = fingerprint(str(root / "models" / "m.pt"), "TIE001", ["b", "a"], root=str(root))
+    assert fingerprint("repo/models/../models/m.pt", "TIE001", ["a", "b"], root="repo") == absolute
     monkeypatch.chdir(root / "models")
-    assert fingerprint("m.pt", "TIE001", ["a", "b"], "..") == absolute
-    assert fingerprint("m.pt", "TIE002", ["a", "b"], "..") != absolute
+    assert fingerprint("m.pt", "TIE001", ["a", "b"], root="..") == absolute
+    assert fingerprint("m.pt", "TIE002", ["a", "b"], root="..") != absolute
 
 
 def test_json_marks_baselined_findings_and_counts_stale_entries(repo: Path, tmp_path: Path) -> None:
@@ -156,14 +156,15 @@ def test_paths_and_names_that_are_not_utf8_have_fingerprints_and_round_trip(tmp_
     from tieaudit.gate.baseline import baseline_text, entry
 
     path = str(tmp_path / "models" / "\udcff\n.safetensors")  # a file name byte that is not UTF-8
-    accepted = entry(path, "TIE001", ["\ud800 lone surrogate from a JSON header", "b"], str(tmp_path))
+    accepted = entry(path, "TIE001", ["\ud800 lone surrogate from a JSON header", "b"], root=str(tmp_path))
     text = baseline_text([accepted])
     text.encode("utf-8")  # valid UTF-8: the surrogates are JSON escapes
     (written,) = json.loads(text)["findings"]
     assert written["path"] == "models/\udcff\n.safetensors"
     assert written["names"] == sorted(accepted.names)
     assert written["fingerprint"] == accepted.fingerprint == fingerprint(
-        path, "TIE001", list(accepted.names), str(tmp_path)
+        path, "TIE001", list(accepted.names), root=str(tmp_path)
     )
     plain = hashlib.sha256(json.dumps(["m.pt", "TIE001", ["a"]], separators=(",", ":")).encode()).hexdigest()
-    assert fingerprint(str(tmp_path / "m.pt"), "TIE001", ["a"], str(tmp_path)) == plain  # UTF-8 unchanged
+    # UTF-8 unchanged
+    assert fingerprint(str(tmp_path / "m.pt"), "TIE001", ["a"], root=str(tmp_path)) == plain

@@ -51,15 +51,15 @@ def test_one_finding_per_copy_group_counted_once(tmp_path: Path, names: tuple[st
     assert len(copies) == 1, [(f.rule, f.names) for f in audit.findings]
     assert set(copies[0].names) == set(names)
     assert copies[0].wasted_bytes == (len(names) - 1) * nbytes
-    assert audit.summary()["wasted_bytes"] == (len(names) - 1) * nbytes
+    assert audit.summary().wasted_bytes == (len(names) - 1) * nbytes
     if "shared.weight" in names:
         assert copies[0].names[0] == "shared.weight"  # the declared source is kept
 
 
 def test_retie_keeps_the_declared_source(tmp_path: Path) -> None:
     _t5_folder(tmp_path / "t5", T5_EMBEDDINGS[::-1])
-    with open_checkpoint(str(tmp_path / "t5")) as ckpt:
-        plan = make_plan(build_graph(ckpt))
+    with open_checkpoint(str(tmp_path / "t5")) as opened:
+        plan = make_plan(build_graph(opened.checkpoint), opened)
     assert {d.kept for d in plan.decisions} == {"shared.weight"}
     assert {d.dropped for d in plan.applied} == set(T5_EMBEDDINGS[1:])
 
@@ -89,6 +89,6 @@ def test_small_declared_chain_is_one_group(tmp_path: Path) -> None:
     findings = [f for f in audit_path(str(path)).findings if f.rule == "TIE001"]
     assert [sorted(f.names) for f in findings] == [["a", "b", "c"]]
     assert findings[0].wasted_bytes == 2 * values.nbytes
-    with open_checkpoint(str(path)) as ckpt:
-        plan = make_plan(build_graph(ckpt))
+    with open_checkpoint(str(path)) as opened:
+        plan = make_plan(build_graph(opened.checkpoint), opened)
     assert sorted((d.kept, d.dropped) for d in plan.applied) == [("a", "b"), ("a", "c")]

@@ -9,15 +9,18 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from tieaudit.core.bytestore import OpenCheckpoint
+from tieaudit.core.records import TensorInfo
 from tieaudit.formats.safetensors import SafetensorsReader
+from tieaudit.graph import detect
 from tieaudit.graph.detect import find_copies
 
 
 def copies(tmp_path: Path, tensors: dict[str, torch.Tensor], **kwargs: object) -> list[tuple[str, str, str]]:
     path = tmp_path / "m.safetensors"
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
-    with SafetensorsReader().read(str(path)) as ckpt:
-        groups = find_copies(ckpt, **kwargs)  # type: ignore[arg-type]
+    with SafetensorsReader().read(str(path)) as opened:
+        groups = find_copies(opened, **kwargs)  # type: ignore[arg-type]
     return sorted((g.kept, m.name, m.relation) for g in groups for m in g.members)
 
 
@@ -42,11 +45,29 @@ def test_cast_copy_found_and_wide_kept(tmp_path: Path, emb: torch.Tensor, dtype:
     assert found == [("b_full", "a_half", "cast")]
 
 
-def test_three_equal_copies_go_through_the_hash_stage(tmp_path: Path, emb: torch.Tensor) -> None:
+def test_three_equal_copies_go_through_the_hash_stage(
+    tmp_path: Path, emb: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hashed: list[str] = []
+    real = detect.full_hash
+
+    def spy(opened: OpenCheckpoint, tensor: TensorInfo) -> bytes:
+        hashed.append(tensor.name)
+        return real(opened, tensor)
+
+    monkeypatch.setattr(detect, "full_hash", spy)
     other = emb.clone()
     other[499, 63] += 1  # same fingerprint (unsampled element), different bytes
     found = copies(tmp_path, {"a": emb, "b": emb.clone(), "c": emb.clone(), "d": other})
     assert found == [("a", "b", "equal"), ("a", "c", "equal")]
+    assert sorted(hashed) == ["a", "b", "c", "d"]  # the four sample-equal tensors were hashed, once each
+
+
+def test_two_sample_equal_tensors_skip_the_hash_stage(
+    tmp_path: Path, emb: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(detect, "full_hash", lambda *_: pytest.fail("hashed a pair"))
+    assert copies(tmp_path, {"a": emb, "b": emb.clone()}) == [("a", "b", "equal")]
 
 
 def test_difference_outside_the_samples_is_not_a_copy(tmp_path: Path, emb: torch.Tensor) -> None:
@@ -133,7 +154,7 @@ def test_mixed_group_composes_relations(tmp_path: Path, emb: torch.Tensor) -> No
 def test_views_are_read_only(tmp_path: Path, emb: torch.Tensor) -> None:
     path = tmp_path / "m.safetensors"
     save_file({"a": emb}, str(path))
-    with SafetensorsReader().read(str(path)) as ckpt:
-        array = ckpt.array(ckpt.tensors[0])
+    with SafetensorsReader().read(str(path)) as opened:
+        array = opened.array(opened.checkpoint.tensors[0])
         assert not array.flags.writeable
         assert np.array_equal(array, emb.numpy())

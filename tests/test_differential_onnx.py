@@ -19,6 +19,7 @@ import re
 import stat
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -32,7 +33,7 @@ from tieaudit.formats.onnx_model import OnnxReader
 
 HOSTILE = ROOT / "fixtures" / "hostile"
 sys.path.insert(0, str(HOSTILE))
-import make_hostile  # noqa: E402  (the corpus generator: cases, setups)
+import make_hostile  # type: ignore[import-not-found]  # noqa: E402  (the corpus generator: cases, setups)
 
 READ_TYPES = {
     1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
@@ -115,12 +116,12 @@ def compare(path: Path, reference: Reference) -> str | None:
     skip; a tensor tieaudit skips (strings, 4-bit types, segments) is only listed as skipped."""
     reference = verdict(reference)
     try:
-        with OnnxReader().read(str(path)) as ckpt:
+        with OnnxReader().read(str(path)) as opened:
             ours = [
-                (t.name, t.dtype, list(t.shape), _sha256(np.ascontiguousarray(ckpt.array(t)).tobytes()))
-                for t in ckpt.tensors
+                (t.name, t.dtype, list(t.shape), _sha256(np.ascontiguousarray(opened.array(t)).tobytes()))
+                for t in opened.checkpoint.tensors
             ]
-            skipped = [s.name for s in ckpt.skipped]
+            skipped = [s.name for s in opened.checkpoint.skipped]
     except InputError as exc:
         if not reference.accepted:
             return None
@@ -261,14 +262,16 @@ def _subgraph_constant() -> bytes:
 
 
 def _typed_fields() -> bytes:
+    complex_values: list[Any] = [1 + 2j]  # onnx's stubs type vals as numbers only
+    text_values: list[Any] = [b"text"]
     inits = [
         helper.make_tensor("E", onnx.TensorProto.FLOAT, [16, 4], np.arange(64, dtype=np.float32)),
         helper.make_tensor("h16", onnx.TensorProto.FLOAT16, [3], np.array([1, 2, 3], np.float16)),
         helper.make_tensor("bf", onnx.TensorProto.BFLOAT16, [2], [1.0, -2.0]),
         helper.make_tensor("u8", onnx.TensorProto.UINT8, [3], [1, 2, 255]),
         helper.make_tensor("b", onnx.TensorProto.BOOL, [2], [True, False]),
-        helper.make_tensor("c", onnx.TensorProto.COMPLEX64, [1], [1 + 2j]),
-        helper.make_tensor("s", onnx.TensorProto.STRING, [1], [b"text"]),
+        helper.make_tensor("c", onnx.TensorProto.COMPLEX64, [1], complex_values),
+        helper.make_tensor("s", onnx.TensorProto.STRING, [1], text_values),
         helper.make_tensor("i4", onnx.TensorProto.INT4, [2], [1, -2]),
     ]
     return _model(inits)

@@ -28,7 +28,7 @@ from tieaudit.formats.safetensors import read_header
 
 HOSTILE = ROOT / "fixtures" / "hostile"
 sys.path.insert(0, str(HOSTILE))
-import make_hostile  # noqa: E402  (the corpus generator: cases, setups)
+import make_hostile  # type: ignore[import-not-found]  # noqa: E402  (the corpus generator: cases, setups)
 
 LIBRARY_DTYPES = {
     "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
@@ -73,10 +73,10 @@ def compare(path: Path, reference: Reference) -> str | None:
     """None when tieaudit and the library agree on path, else what differs."""
     try:
         header = read_header(str(path), path.name)
-        with open_checkpoint(str(path)) as ckpt:
+        with open_checkpoint(str(path)) as opened:
             ours = {
-                t.name: (t.dtype, list(t.shape), _sha256(np.ascontiguousarray(ckpt.array(t)).tobytes()))
-                for t in ckpt.tensors
+                t.name: (t.dtype, list(t.shape), _sha256(np.ascontiguousarray(opened.array(t)).tobytes()))
+                for t in opened.checkpoint.tensors
             }
     except InputError as exc:
         if not reference.accepted:

@@ -352,8 +352,8 @@ def test_a_hub_snapshot_whose_blobs_folder_is_a_link_to_root_is_refused(
     corpus: Corpus, tmp_path: Path
 ) -> None:
     snapshot = hub_snapshot(corpus, tmp_path)
-    with HfDirReader().read(str(snapshot)) as checkpoint:  # the real layout reads
-        assert "model.embed_tokens.weight" in checkpoint.names
+    with HfDirReader().read(str(snapshot)) as opened:  # the real layout reads
+        assert "model.embed_tokens.weight" in opened.checkpoint.names
     repo = snapshot.parent.parent
     outside = tmp_path / "outside"
     shutil.move(repo / "blobs", outside)  # the blobs now live outside the repository...
@@ -373,7 +373,8 @@ def test_a_hub_snapshot_whose_blobs_folder_is_a_link_to_root_is_refused(
 def test_a_snapshot_reached_through_a_link_still_reads_its_blobs(corpus: Corpus, tmp_path: Path) -> None:
     snapshot = hub_snapshot(corpus, tmp_path)
     (tmp_path / "model").symlink_to(snapshot, target_is_directory=True)
-    with HfDirReader().read(str(tmp_path / "model")) as checkpoint:
+    with HfDirReader().read(str(tmp_path / "model")) as opened:
+        checkpoint = opened.checkpoint
         assert "model.embed_tokens.weight" in checkpoint.names
 
 
@@ -414,7 +415,8 @@ def test_oversized_tokenizer_is_a_note(corpus: Corpus, tmp_path: Path) -> None:
     folder = model_folder(corpus, tmp_path)
     with open(folder / "tokenizer.json", "wb") as handle:
         handle.truncate(hf_dir.MAX_TOKENIZER_BYTES + 1)
-    with HfDirReader().read(str(folder)) as checkpoint:
+    with HfDirReader().read(str(folder)) as opened:
+        checkpoint = opened.checkpoint
         (note,) = checkpoint.skipped
         assert note.name == "tokenizer.json" and "(MAX_TOKENIZER_BYTES)" in note.reason
         assert checkpoint.config is not None and checkpoint.config.tokenizer_vocab_size is None

@@ -73,7 +73,7 @@ def test_the_policy_example_in_the_readme_is_a_valid_policy(tmp_path: Path) -> N
     assert [entry.glob for entry in policy.paths] == ["models/**/*.onnx", "legacy/**"]
     legacy = policy.for_path(str(tmp_path / "legacy" / "old.pt"))
     assert legacy.severity["TIE001"] == "note" and legacy.max_wasted_bytes == 100_000_000
-    assert [t.target for t in legacy.expected_ties] == ["output.weight"]
+    assert [t.dropped for t in legacy.expected_ties] == ["output.weight"]
 
 
 def workflow() -> str:

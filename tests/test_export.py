@@ -86,7 +86,7 @@ def factories(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 def gpt2_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import transformers
 
-    transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+    transformers.logging.set_verbosity_error()
     torch.manual_seed(0)
     config = transformers.GPT2Config(
         vocab_size=1000, n_embd=64, n_layer=1, n_head=2, n_positions=32, bos_token_id=0, eos_token_id=0

@@ -3,9 +3,9 @@ valid files, the hostile corpus) go through byte edits (flips, truncations, inse
 structured ones (safetensors header JSON edits, pickle opcode edits, zip member edits, ONNX
 initializer and node edits, config and index edits in model folders).
 
-The contract (fuzz/harness.py): only TieauditError subclasses escape a reader, and a Checkpoint it
-returns has every tensor inside its storage, viewable with ``ckpt.array``. ``make fuzz`` runs the
-same mutators for as long as asked.
+The contract (fuzz/harness.py): only TieauditError subclasses escape a reader, and the
+OpenCheckpoint it returns has every tensor inside its storage, viewable with ``opened.array``.
+``make fuzz`` runs the same mutators for as long as asked.
 """
 
 from __future__ import annotations
@@ -80,15 +80,17 @@ def test_the_contract_check_catches_a_view_outside_its_storage(scratch: Path) ->
     """The invariant check itself: a tensor reaching past its storage is a crash, not a pass."""
     import dataclasses
 
+    from tieaudit.core.bytestore import OpenCheckpoint
     from tieaudit.formats.safetensors import SafetensorsReader
 
     path = harness.materialize("safetensors", harness.mh.valid_safetensors(), scratch)
-    with SafetensorsReader().read(str(path)) as ckpt:
-        first = ckpt.tensors[0]
-        broken = dataclasses.replace(ckpt, tensors=(dataclasses.replace(first, byte_offset=4),))
+    with SafetensorsReader().read(str(path)) as opened:
+        first = opened.checkpoint.tensors[0]
+        records = dataclasses.replace(opened.checkpoint, tensors=(dataclasses.replace(first, byte_offset=4),))
+        broken = OpenCheckpoint(records, opened.store)
         with pytest.raises(harness.Crash, match="spans bytes"):
             harness.check_checkpoint(broken)
-        assert np.array_equal(ckpt.array(first).reshape(-1)[:4], [0, 1, 2, 3])
+        assert np.array_equal(opened.array(first).reshape(-1)[:4], [0, 1, 2, 3])
 
 
 @pytest.mark.parametrize(

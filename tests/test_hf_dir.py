@@ -15,13 +15,19 @@ import torch
 import transformers
 from safetensors.torch import save_file, save_model
 
+from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.errors import InputError, UnsafeInputError
 from tieaudit.core.records import Checkpoint
 from tieaudit.formats import hf_ties
 from tieaudit.formats.hf_dir import HfDirReader
 
-BERT = {"vocab_size": 100, "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2}
-LLAMA = {
+BERT: dict[str, Any] = {
+    "vocab_size": 100,
+    "hidden_size": 16,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+}
+LLAMA: dict[str, Any] = {
     "vocab_size": 100,
     "hidden_size": 16,
     "intermediate_size": 32,
@@ -101,13 +107,13 @@ def copy_of(folder: Path, tmp_path: Path) -> Path:
     return target
 
 
-def read(folder: Path | str) -> Checkpoint:
+def read(folder: Path | str) -> OpenCheckpoint:
     """Read a folder (config ties come from tieaudit's tie table)."""
     return HfDirReader().read(str(folder))
 
 
 def config_ties(checkpoint: Checkpoint) -> dict[str, str]:
-    return {t.target: t.source for t in checkpoint.declared_ties if t.declared_by == "config"}
+    return {t.dropped: t.kept for t in checkpoint.declared_ties if t.declared_by == "config"}
 
 
 def rewrite_json(path: Path, **changes: Any) -> None:
@@ -123,14 +129,16 @@ MODELS = sorted(BUILDERS)
 
 @pytest.mark.parametrize("name", MODELS)
 def test_config_ties_equal_the_live_models_ties(saved: Callable[[str], Saved], name: str) -> None:
-    with read(saved(name).folder) as checkpoint:
+    with read(saved(name).folder) as opened:
+        checkpoint = opened.checkpoint
         assert config_ties(checkpoint) == saved(name).truth
         assert all("table" in t.where for t in checkpoint.declared_ties)
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama-tied", "t5", "bert-mlm", "albert-mlm"])
 def test_tied_targets_are_declared_but_not_stored(saved: Callable[[str], Saved], name: str) -> None:
-    with read(saved(name).folder) as checkpoint:
+    with read(saved(name).folder) as opened:
+        checkpoint = opened.checkpoint
         ties = config_ties(checkpoint)
         assert ties
         for target, source in ties.items():
@@ -140,21 +148,24 @@ def test_tied_targets_are_declared_but_not_stored(saved: Callable[[str], Saved],
 
 
 def test_untied_llama_declares_nothing_and_stores_its_head(saved: Callable[[str], Saved]) -> None:
-    with read(saved("llama-untied").folder) as checkpoint:
+    with read(saved("llama-untied").folder) as opened:
+        checkpoint = opened.checkpoint
         assert config_ties(checkpoint) == {}
         assert {"lm_head.weight", "model.embed_tokens.weight"} <= checkpoint.names
         assert checkpoint.config is not None and checkpoint.config.tie_word_embeddings is False
 
 
 def test_bert_model_has_no_head_so_no_ties(saved: Callable[[str], Saved]) -> None:
-    with read(saved("bert-base").folder) as checkpoint:
+    with read(saved("bert-base").folder) as opened:
+        checkpoint = opened.checkpoint
         assert checkpoint.config is not None and checkpoint.config.tie_word_embeddings is True
         assert checkpoint.declared_ties == ()
         assert checkpoint.skipped == ()  # known class: nothing unresolved
 
 
 def test_where_names_the_resolver(saved: Callable[[str], Saved], tmp_path: Path) -> None:
-    with read(saved("gpt2").folder) as checkpoint:
+    with read(saved("gpt2").folder) as opened:
+        checkpoint = opened.checkpoint
         assert [t.where for t in checkpoint.declared_ties] == ["config.json (tie_word_embeddings, table)"]
     # A class the old hand-written table did not hold comes from the generated table too.
     from safetensors.numpy import save_file
@@ -171,8 +182,9 @@ def test_where_names_the_resolver(saved: Callable[[str], Saved], tmp_path: Path)
     config.architectures = ["GPTNeoForCausalLM"]
     config.save_pretrained(tmp_path)
     save_file({"transformer.wte.weight": np.zeros((64, 16), np.float32)}, str(tmp_path / "model.safetensors"))
-    with read(str(tmp_path)) as checkpoint:
-        assert [(t.target, t.source, t.where) for t in checkpoint.declared_ties] == [
+    with read(str(tmp_path)) as opened:
+        checkpoint = opened.checkpoint
+        assert [(t.dropped, t.kept, t.where) for t in checkpoint.declared_ties] == [
             ("lm_head.weight", "transformer.wte.weight", "config.json (tie_word_embeddings, table)")
         ]
 
@@ -206,7 +218,8 @@ def test_table_answers_as_transformers_builds_the_same_configs(saved: Callable[[
 def test_t5_ties_even_when_the_config_says_false(saved: Callable[[str], Saved], tmp_path: Path) -> None:
     folder = copy_of(saved("t5").folder, tmp_path)
     rewrite_json(folder / "config.json", tie_word_embeddings=False)
-    with read(folder) as checkpoint:
+    with read(folder) as opened:
+        checkpoint = opened.checkpoint
         assert config_ties(checkpoint) == saved("t5").truth
         assert checkpoint.config is not None and checkpoint.config.tie_word_embeddings is False
         assert "tie_word_embeddings=false forced to true" in checkpoint.declared_ties[0].where
@@ -215,7 +228,8 @@ def test_t5_ties_even_when_the_config_says_false(saved: Callable[[str], Saved], 
 def test_bert_bias_tie_follows_the_flag(saved: Callable[[str], Saved], tmp_path: Path) -> None:
     folder = copy_of(saved("bert-mlm").folder, tmp_path)
     rewrite_json(folder / "config.json", tie_word_embeddings=False)
-    with read(folder) as checkpoint:
+    with read(folder) as opened:
+        checkpoint = opened.checkpoint
         assert config_ties(checkpoint) == {}
 
 
@@ -227,7 +241,8 @@ def test_absent_flag_takes_the_class_default(
     config = saved(name).config()
     del config["tie_word_embeddings"]
     (folder / "config.json").write_text(json.dumps(config))
-    with read(folder) as checkpoint:
+    with read(folder) as opened:
+        checkpoint = opened.checkpoint
         assert checkpoint.config is not None and checkpoint.config.tie_word_embeddings is None
         assert bool(config_ties(checkpoint)) is tied
         assert all("not stated, defaulted to true" in t.where for t in checkpoint.declared_ties)
@@ -236,7 +251,8 @@ def test_absent_flag_takes_the_class_default(
 def test_unknown_architecture_is_noted_not_guessed(saved: Callable[[str], Saved], tmp_path: Path) -> None:
     folder = copy_of(saved("gpt2").folder, tmp_path)
     rewrite_json(folder / "config.json", architectures=["MadeUpForCausalLM"])
-    with read(folder) as checkpoint:
+    with read(folder) as opened:
+        checkpoint = opened.checkpoint
         assert checkpoint.declared_ties == ()
         (note,) = checkpoint.skipped
         assert note.reason == (
@@ -250,7 +266,8 @@ def test_config_without_architectures_is_noted(saved: Callable[[str], Saved], tm
     config = saved("gpt2").config()
     del config["architectures"]
     (folder / "config.json").write_text(json.dumps(config))
-    with read(folder) as checkpoint:
+    with read(folder) as opened:
+        checkpoint = opened.checkpoint
         assert checkpoint.declared_ties == ()
         assert [s.reason for s in checkpoint.skipped] == ["no architectures listed; config tie not resolved"]
 
@@ -261,7 +278,8 @@ def test_nested_text_config_supplies_flag_and_vocab(saved: Callable[[str], Saved
     text = {"tie_word_embeddings": True, "vocab_size": 77}
     del config["tie_word_embeddings"], config["vocab_size"]
     (folder / "config.json").write_text(json.dumps({**config, "text_config": text}))
-    with read(folder) as checkpoint:
+    with read(folder) as opened:
+        checkpoint = opened.checkpoint
         assert checkpoint.config is not None
         assert (checkpoint.config.tie_word_embeddings, checkpoint.config.vocab_size) == (True, 77)
 
@@ -273,7 +291,8 @@ def test_sharded_folder_reads_every_shard_and_the_index(sharded: Path) -> None:
     index = json.loads((sharded / "model.safetensors.index.json").read_text())
     shards = sorted(set(index["weight_map"].values()))
     assert len(shards) > 1
-    with read(sharded) as checkpoint:
+    with read(sharded) as opened:
+        checkpoint = opened.checkpoint
         assert checkpoint.format == "hf-dir"
         assert checkpoint.names == set(index["weight_map"])
         assert set(checkpoint.files) == {"config.json", "model.safetensors.index.json", *shards}
@@ -286,9 +305,10 @@ def test_sharded_folder_reads_every_shard_and_the_index(sharded: Path) -> None:
 def test_sharded_bytes_are_the_models_bytes(sharded: Path) -> None:
     torch.manual_seed(0)
     state = BUILDERS["gpt2"]().state_dict()
-    with read(sharded) as checkpoint:
+    with read(sharded) as opened:
+        checkpoint = opened.checkpoint
         for tensor in checkpoint.tensors:
-            assert (checkpoint.array(tensor) == state[tensor.name].numpy()).all(), tensor.name
+            assert (opened.array(tensor) == state[tensor.name].numpy()).all(), tensor.name
 
 
 def test_index_metadata_tie_records_are_declared_by_index(sharded: Path, tmp_path: Path) -> None:
@@ -297,17 +317,19 @@ def test_index_metadata_tie_records_are_declared_by_index(sharded: Path, tmp_pat
     index = json.loads(index_path.read_text())
     index["metadata"]["lm_head.weight"] = "transformer.wte.weight"
     index_path.write_text(json.dumps(index))
-    with read(folder) as checkpoint:
+    with read(folder) as opened:
+        checkpoint = opened.checkpoint
         by_index = [t for t in checkpoint.declared_ties if t.declared_by == "index"]
-        assert [(t.target, t.source) for t in by_index] == [("lm_head.weight", "transformer.wte.weight")]
+        assert [(t.dropped, t.kept) for t in by_index] == [("lm_head.weight", "transformer.wte.weight")]
 
 
 def test_shard_metadata_tie_records_are_declared_by_metadata(tmp_path: Path) -> None:
     model = BUILDERS["gpt2"]()
     save_model(model, str(tmp_path / "model.safetensors"))  # drops one alias, records {dropped: kept}
-    with read(tmp_path) as checkpoint:
+    with read(tmp_path) as opened:
+        checkpoint = opened.checkpoint
         (tie,) = [t for t in checkpoint.declared_ties if t.declared_by == "metadata"]
-        assert {tie.target, tie.source} == {"lm_head.weight", "transformer.wte.weight"}
+        assert {tie.dropped, tie.kept} == {"lm_head.weight", "transformer.wte.weight"}
         assert tie.where == "model.safetensors:__metadata__"
         assert checkpoint.config is None
 
@@ -345,7 +367,8 @@ def test_hub_cache_snapshot_links_into_blobs_are_allowed(
     for source in saved("gpt2").folder.iterdir():
         shutil.copy(source, blobs / f"sha-{source.name}")
         (snapshot / source.name).symlink_to(Path("../../blobs") / f"sha-{source.name}")
-    with read(snapshot) as checkpoint:
+    with read(snapshot) as opened:
+        checkpoint = opened.checkpoint
         assert "transformer.wte.weight" in checkpoint.names
 
 
@@ -374,7 +397,8 @@ def test_loose_safetensors_files_are_merged_with_namespaced_storages(tmp_path: P
     with pytest.raises(InputError, match="stored in both first.safetensors and second.safetensors"):
         read(tmp_path)
     save_file({"c.weight": torch.zeros(2)}, str(tmp_path / "second.safetensors"))
-    with read(tmp_path) as checkpoint:
+    with read(tmp_path) as opened:
+        checkpoint = opened.checkpoint
         assert set(checkpoint.storages) == {"first.safetensors#a.weight", "second.safetensors#c.weight"}
 
 
@@ -384,14 +408,15 @@ def test_pytorch_model_bin_is_read(tmp_path: Path) -> None:
     model.config.save_pretrained(tmp_path)
     # transformers 5 save_pretrained writes only safetensors (safe_serialization is gone)
     torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
-    with read(tmp_path) as checkpoint:
+    with read(tmp_path) as opened:
+        checkpoint = opened.checkpoint
         assert checkpoint.files == ("config.json", "pytorch_model.bin")
         head, embedding = checkpoint.tensor("lm_head.weight"), checkpoint.tensor("transformer.wte.weight")
         assert head.storage_id == embedding.storage_id  # torch.save keeps the alias
         assert head.file == "pytorch_model.bin"
         assert config_ties(checkpoint) == {"lm_head.weight": "transformer.wte.weight"}
         expected = model.state_dict()["transformer.wte.weight"].numpy()
-        assert (checkpoint.array(embedding) == expected).all()
+        assert (opened.array(embedding) == expected).all()
 
 
 # --- config and tokenizer files ---------------------------------------------------------------
@@ -419,7 +444,8 @@ def test_tokenizer_vocab_size_counts_added_tokens_beyond_the_vocab(
         "added_tokens": [{"id": 1, "content": "b"}, {"id": 104, "content": "<pad>"}],
     }
     (folder / "tokenizer.json").write_text(json.dumps(tokenizer))
-    with read(folder) as checkpoint:
+    with read(folder) as opened:
+        checkpoint = opened.checkpoint
         assert checkpoint.config is not None
         assert (checkpoint.config.vocab_size, checkpoint.config.tokenizer_vocab_size) == (100, 105)
         assert "tokenizer.json" in checkpoint.files
@@ -434,7 +460,8 @@ def test_unigram_tokenizer_vocab_is_a_list() -> None:
 def test_broken_tokenizer_is_a_note_not_a_failure(saved: Callable[[str], Saved], tmp_path: Path) -> None:
     folder = copy_of(saved("gpt2").folder, tmp_path)
     (folder / "tokenizer.json").write_text("{")
-    with read(folder) as checkpoint:
+    with read(folder) as opened:
+        checkpoint = opened.checkpoint
         assert checkpoint.config is not None and checkpoint.config.tokenizer_vocab_size is None
         assert [s.name for s in checkpoint.skipped] == ["tokenizer.json"]
 

@@ -28,8 +28,8 @@ TABLE = json.loads((ROOT / "tieaudit" / "formats" / "tie_table.json").read_text(
 GUARD = Path(__file__).resolve().parent / "guarded_cli.py"
 HOSTILE = ROOT / "fixtures" / "hostile"
 sys.path.insert(0, str(HOSTILE))
-import cases_hf  # noqa: E402
-import make_hostile  # noqa: E402
+import cases_hf  # type: ignore[import-not-found]  # noqa: E402
+import make_hostile  # type: ignore[import-not-found]  # noqa: E402
 
 TIMEOUT = 600.0
 """The guarded process audits thousands of folders; a hang shows up as this timeout."""

@@ -29,7 +29,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 HOSTILE = ROOT / "fixtures" / "hostile"
 sys.path.insert(0, str(HOSTILE))
-import make_hostile  # noqa: E402  (the generator: builders, setups and the manifest)
+import make_hostile  # type: ignore[import-not-found]  # noqa: E402  (the generator: builders, setups and the manifest)
 
 MEMORY_LIMIT = 2 << 30
 """Address space of each CLI run: numpy and onnx imports need about 1 GiB of it."""
@@ -141,14 +141,15 @@ def serve(jobs: list[Job], parallel: int) -> list[Outcome]:
         "tieaudit.cli.main",
         "tieaudit.gate.check",
         "tieaudit.report",
-        "tieaudit.rules.evaluate",
+        "tieaudit.rules.registry",
     )
     for module in (*preload, *(f"tieaudit.formats.{m}" for m in FORMATS)):
         importlib.import_module(module)  # loaded once here, shared by every child
 
     sys.stdout.flush()
     sys.stderr.flush()
-    pending, running = list(enumerate(jobs)), {}
+    pending = list(enumerate(jobs))
+    running: dict[int, tuple[int, float]] = {}
     ended: dict[int, tuple[int | None, float, int, float]] = {}
     while pending or running:
         while pending and len(running) < parallel:

@@ -16,6 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import set_external_data
 
+from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.errors import InputError, UnsafeInputError
 from tieaudit.core.records import Checkpoint, Consumer
 from tieaudit.formats.onnx_model import OnnxReader, looks_like_model_proto
@@ -24,8 +25,14 @@ RNG = np.random.default_rng(0)
 E = RNG.standard_normal((10, 4)).astype(np.float32)
 
 
-def _read(path: Path) -> Checkpoint:
+def _read(path: Path) -> OpenCheckpoint:
     return OnnxReader().read(str(path))
+
+
+def _records(path: Path) -> Checkpoint:
+    """What the reader found (records only; the files are closed again)."""
+    with _read(path) as open_ckpt:
+        return open_ckpt.checkpoint
 
 
 def _model(
@@ -69,26 +76,28 @@ def _assert_one_line_error(exc: InputError, model: Path) -> None:
 
 def test_shared_initializer_is_one_tensor_consumed_by_gather_and_transpose(tmp_path: Path) -> None:
     onnx.save_model(_tied_graph(copy=False), tmp_path / "m.onnx")
-    ckpt = _read(tmp_path / "m.onnx")
+    open_ckpt = _read(tmp_path / "m.onnx")
+    ckpt = open_ckpt.checkpoint
     assert [t.name for t in ckpt.tensors] == ["E"]
     assert ckpt.consumers["E"] == (
-        Consumer("gather", "Gather", 0, "main"),
-        Consumer("transpose", "Transpose", 0, "main"),
+        Consumer(node="gather", op_type="Gather", slot=0, graph="main"),
+        Consumer(node="transpose", op_type="Transpose", slot=0, graph="main"),
     )
     tensor = ckpt.tensor("E")
     assert (tensor.dtype, tensor.shape, tensor.strides, tensor.byte_offset) == ("float32", (10, 4), (4, 1), 0)
     assert ckpt.storages["E"].file_offset == -1 and ckpt.storages["E"].file == "m.onnx"
-    array = ckpt.array(tensor)
+    array = open_ckpt.array(tensor)
     assert np.array_equal(array, E) and not array.flags.writeable
     assert ckpt.files == ("m.onnx",) and ckpt.format == "onnx"
 
 
 def test_value_equal_copy_is_two_storages(tmp_path: Path) -> None:
     onnx.save_model(_tied_graph(copy=True), tmp_path / "m.onnx")
-    ckpt = _read(tmp_path / "m.onnx")
+    open_ckpt = _read(tmp_path / "m.onnx")
+    ckpt = open_ckpt.checkpoint
     assert ckpt.tensor("E").storage_id != ckpt.tensor("E2").storage_id
     assert len(ckpt.storages) == 2
-    assert np.array_equal(ckpt.array(ckpt.tensor("E")), ckpt.array(ckpt.tensor("E2")))
+    assert np.array_equal(open_ckpt.array(ckpt.tensor("E")), open_ckpt.array(ckpt.tensor("E2")))
     assert _uses(ckpt, "E") == [("gather", "Gather", 0, "main")]
     assert _uses(ckpt, "E2") == [("transpose", "Transpose", 0, "main")]
 
@@ -108,18 +117,19 @@ def test_external_data_saved_by_onnx_reads_back_equal_and_read_only(tmp_path: Pa
         location="w.bin",
         size_threshold=0,
     )
-    ckpt = _read(tmp_path / "m.onnx")
+    open_ckpt = _read(tmp_path / "m.onnx")
+    ckpt = open_ckpt.checkpoint
     assert ckpt.files == ("m.onnx", "w.bin")
     expected = {"E": E, "E2": E, **extra}
     assert {t.name for t in ckpt.tensors} == set(expected)
     for tensor in ckpt.tensors:
         storage = ckpt.storages[tensor.storage_id]
         assert storage.file == "w.bin" and storage.file_offset >= 0 and storage.nbytes == tensor.nbytes
-        array = ckpt.array(tensor)
+        array = open_ckpt.array(tensor)
         assert array.dtype == expected[tensor.name].dtype
         assert np.array_equal(array, expected[tensor.name]) and not array.flags.writeable
     assert len(ckpt.storages) == 4  # one file, separate ranges, separate storages
-    ckpt.close()
+    open_ckpt.close()
 
 
 def test_external_initializers_naming_the_same_bytes_are_one_storage(tmp_path: Path) -> None:
@@ -132,10 +142,11 @@ def test_external_initializers_naming_the_same_bytes_are_one_storage(tmp_path: P
     del second.external_data[:]
     second.external_data.extend(first.external_data)  # E2 now points at E's bytes exactly
     (tmp_path / "m.onnx").write_bytes(model.SerializeToString())
-    ckpt = _read(tmp_path / "m.onnx")
+    open_ckpt = _read(tmp_path / "m.onnx")
+    ckpt = open_ckpt.checkpoint
     assert ckpt.tensor("E").storage_id == ckpt.tensor("E2").storage_id == "E"
     assert list(ckpt.storages) == ["E"]
-    assert np.array_equal(ckpt.array(ckpt.tensor("E2")), E)
+    assert np.array_equal(open_ckpt.array(ckpt.tensor("E2")), E)
     assert _uses(ckpt, "E2") == [("transpose", "Transpose", 0, "main")]
 
 
@@ -148,12 +159,13 @@ def test_typed_fields_convert_to_their_canonical_dtypes(tmp_path: Path) -> None:
         helper.make_tensor("flag", TensorProto.BOOL, [2], [True, False]),
     ]
     onnx.save_model(_model([], initializers), tmp_path / "m.onnx")
-    ckpt = _read(tmp_path / "m.onnx")
+    open_ckpt = _read(tmp_path / "m.onnx")
+    ckpt = open_ckpt.checkpoint
     dtypes = {t.name: t.dtype for t in ckpt.tensors}
     assert dtypes == {"f": "float32", "bf": "bfloat16", "f8": "float8_e4m3fn", "i64": "int64", "flag": "bool"}
-    assert ckpt.array(ckpt.tensor("bf")).astype(np.float32).tolist() == [1.0, 2.0]
-    assert ckpt.array(ckpt.tensor("f8")).astype(np.float32).tolist() == [1.0, -0.5]
-    assert ckpt.array(ckpt.tensor("flag")).tolist() == [True, False]
+    assert open_ckpt.array(ckpt.tensor("bf")).astype(np.float32).tolist() == [1.0, 2.0]
+    assert open_ckpt.array(ckpt.tensor("f8")).astype(np.float32).tolist() == [1.0, -0.5]
+    assert open_ckpt.array(ckpt.tensor("flag")).tolist() == [True, False]
 
 
 def test_strings_and_4bit_are_skipped_not_errors(tmp_path: Path) -> None:
@@ -164,7 +176,7 @@ def test_strings_and_4bit_are_skipped_not_errors(tmp_path: Path) -> None:
         numpy_helper.from_array(E, "E"),
     ]
     onnx.save_model(_model([], initializers), tmp_path / "m.onnx")
-    ckpt = _read(tmp_path / "m.onnx")
+    ckpt = _records(tmp_path / "m.onnx")
     assert ckpt.names == {"E"}
     reasons = {s.name: s.reason for s in ckpt.skipped}
     assert set(reasons) == {"words", "nibbles"}
@@ -217,12 +229,13 @@ def test_if_subgraphs_and_constants_are_tensors_with_scoped_consumers(tmp_path: 
     inputs = [_value("cond", TensorProto.BOOL, []), _value("x", shape=[4, 4])]
     model = _model(nodes, [numpy_helper.from_array(w, "W")], inputs, [_value("z")])
     onnx.save_model(model, tmp_path / "m.onnx")
-    ckpt = _read(tmp_path / "m.onnx")
+    open_ckpt = _read(tmp_path / "m.onnx")
+    ckpt = open_ckpt.checkpoint
     # make_node stores attributes sorted by name: else_branch is walked before then_branch.
     assert [t.name for t in ckpt.tensors] == ["W", "k", "c", "If_0/then_branch/W"]
-    assert np.array_equal(ckpt.array(ckpt.tensor("W")), w)
-    assert np.array_equal(ckpt.array(ckpt.tensor("If_0/then_branch/W")), w_then)
-    assert ckpt.array(ckpt.tensor("c")).tolist() == [3.0] * 4
+    assert np.array_equal(open_ckpt.array(ckpt.tensor("W")), w)
+    assert np.array_equal(open_ckpt.array(ckpt.tensor("If_0/then_branch/W")), w_then)
+    assert open_ckpt.array(ckpt.tensor("c")).tolist() == [3.0] * 4
     assert ckpt.tensor("k").dtype == "int64"
     # A nested subgraph sees the nearest enclosing W: then_branch's own, not main's.
     assert _uses(ckpt, "If_0/then_branch/W") == [
@@ -246,7 +259,7 @@ def test_identity_chain_is_an_alias_and_its_consumers_count(tmp_path: Path) -> N
         nodes, [numpy_helper.from_array(E, "E")], [_value("ids", TensorProto.INT64, [3])], [_value("logits")]
     )
     onnx.save_model(model, tmp_path / "m.onnx")
-    ckpt = _read(tmp_path / "m.onnx")
+    ckpt = _records(tmp_path / "m.onnx")
     assert dict(ckpt.aliases) == {"E_a": "E", "E_b": "E"}
     assert ckpt.names == {"E"}
     assert _uses(ckpt, "E") == [
@@ -316,7 +329,7 @@ def test_consumer_map_of_torch_exports_matches_the_graph(
     exports: dict[str, tuple[Path, np.ndarray]], kind: str
 ) -> None:
     path, _ = exports[kind]
-    ckpt = _read(path)
+    ckpt = _records(path)
     assert {name: _uses(ckpt, name) for name in ckpt.consumers} == _graph_truth(path)
 
 
@@ -325,37 +338,40 @@ def test_dynamo_export_keeps_one_embedding_read_by_gather_and_transpose(
     exports: dict[str, tuple[Path, np.ndarray]], kind: str
 ) -> None:
     path, weight = exports[kind]
-    ckpt = _read(path)
+    open_ckpt = _read(path)
+    ckpt = open_ckpt.checkpoint
     (tensor,) = ckpt.tensors
     assert sorted(op for _, op, _, _ in _uses(ckpt, tensor.name)) == ["Gather", "Transpose"]
     assert ckpt.files == ("m.onnx", "m.onnx.data")  # the dynamo exporter writes external data
-    assert np.array_equal(ckpt.array(tensor), weight)
+    assert np.array_equal(open_ckpt.array(tensor), weight)
 
 
 def test_dynamo_export_of_a_small_vocabulary_folds_the_transpose_into_a_copy(
     exports: dict[str, tuple[Path, np.ndarray]],
 ) -> None:
     path, weight = exports["dynamo"]
-    ckpt = _read(path)
+    open_ckpt = _read(path)
+    ckpt = open_ckpt.checkpoint
     assert len(ckpt.tensors) == 2 and len(ckpt.storages) == 2
     gathered = next(t for t in ckpt.tensors if [u[1] for u in _uses(ckpt, t.name)] == ["Gather"])
     copy = next(t for t in ckpt.tensors if [u[1] for u in _uses(ckpt, t.name)] == ["MatMul"])
-    assert np.array_equal(ckpt.array(gathered), weight)
-    assert ckpt.array(copy).tobytes() == np.ascontiguousarray(weight.T).tobytes()
+    assert np.array_equal(open_ckpt.array(gathered), weight)
+    assert open_ckpt.array(copy).tobytes() == np.ascontiguousarray(weight.T).tobytes()
 
 
 def test_torchscript_export_stores_the_embedding_and_a_transposed_copy(
     exports: dict[str, tuple[Path, np.ndarray]],
 ) -> None:
     path, weight = exports["torchscript"]
-    ckpt = _read(path)
+    open_ckpt = _read(path)
+    ckpt = open_ckpt.checkpoint
     assert len(ckpt.tensors) == 2 and len(ckpt.storages) == 2
     embedding = ckpt.tensor("emb.weight")
     (copy,) = (t for t in ckpt.tensors if t.name.startswith("onnx::MatMul_"))
     assert _uses(ckpt, embedding.name)[0][1] == "Gather" and _uses(ckpt, copy.name)[0][1] == "MatMul"
     assert copy.shape == (16, 100) and ckpt.storages[copy.storage_id].file_offset == -1
-    assert np.array_equal(ckpt.array(embedding), weight)
-    assert ckpt.array(copy).tobytes() == np.ascontiguousarray(weight.T).tobytes()
+    assert np.array_equal(open_ckpt.array(embedding), weight)
+    assert open_ckpt.array(copy).tobytes() == np.ascontiguousarray(weight.T).tobytes()
 
 
 # --- hostile and malformed input ----------------------------------------------------------------
@@ -454,8 +470,9 @@ def test_model_folder_reached_through_a_symlink_is_fine(tmp_path: Path) -> None:
     _external_model(tmp_path / "real", "w.bin")
     (tmp_path / "real" / "w.bin").write_bytes(E.tobytes())
     (tmp_path / "link").symlink_to(tmp_path / "real")
-    ckpt = _read(tmp_path / "link" / "m.onnx")
-    assert np.array_equal(ckpt.array(ckpt.tensor("E")), E)
+    open_ckpt = _read(tmp_path / "link" / "m.onnx")
+    ckpt = open_ckpt.checkpoint
+    assert np.array_equal(open_ckpt.array(ckpt.tensor("E")), E)
 
 
 def test_range_past_the_end_of_the_file_is_an_input_error(
@@ -483,7 +500,7 @@ def test_length_that_disagrees_with_the_shape_is_an_input_error(
 def test_missing_length_means_numel_times_itemsize(tmp_path: Path) -> None:
     model = _external_model(tmp_path / "model", "w.bin")
     (tmp_path / "model" / "w.bin").write_bytes(E.tobytes())
-    ckpt = _read(model)
+    ckpt = _records(model)
     assert ckpt.storages["E"].nbytes == E.nbytes and ckpt.files == ("m.onnx", "w.bin")
 
 

@@ -146,6 +146,7 @@ def test_tensors_inside_the_folder_are_confined_and_accepted(tmp_path: Path) -> 
     (tmp_path / "x").write_bytes(np.zeros(1, np.float32).tobytes())  # each tensor: one float
     path = tmp_path / "model.onnx"
     path.write_bytes(model.SerializeToString())
-    with OnnxReader().read(str(path)) as ckpt:
+    with OnnxReader().read(str(path)) as opened:
+        ckpt = opened.checkpoint
         assert {t.name for t in ckpt.tensors} >= {"init"}
         assert "sparse" in {s.name for s in ckpt.skipped}

@@ -39,7 +39,7 @@ def test_other_layer_counts_keep_the_head_tie_and_say_what_is_left(tmp_path: Pat
     zamba_folder(folder)
     audit = audit_path(str(folder))
     ckpt = audit.graph.checkpoint
-    assert [(t.target, t.source) for t in ckpt.declared_ties] == [(HEAD, EMBED)]
+    assert [(t.dropped, t.kept) for t in ckpt.declared_ties] == [(HEAD, EMBED)]
     severity = {frozenset(f.names): f.severity for f in audit.findings if f.rule == "TIE001"}
     assert severity == {frozenset((HEAD, EMBED)): "warning", frozenset(A_LOG): "note"}
 

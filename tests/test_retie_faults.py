@@ -56,7 +56,7 @@ def _assert_complete(out: Path, expected: dict[str, np.ndarray]) -> None:
     from tieaudit.repair.restore import restored_array, sources
 
     with open_checkpoint(str(out)) as written:
-        provided = sources(written)
+        provided = sources(written.checkpoint)
         assert set(provided) == set(expected)
         for name, values in expected.items():
             assert np.array_equal(restored_array(written, provided[name]), values), name
@@ -300,13 +300,13 @@ SLOWED = textwrap.dedent(
         if now == moment:
             time.sleep(0.3)  # each tensor takes a while: the signal lands in the middle
 
-    def slow_write(fd, offset, ckpt, tensor):
+    def slow_write(fd, offset, opened, *, tensor):
         tell("writing")
-        return real_write(fd, offset, ckpt, tensor)
+        return real_write(fd, offset, opened, tensor=tensor)
 
-    def slow_problem(*args):
+    def slow_problem(*args, **kwargs):
         tell("verifying")
-        return real_problem(*args)
+        return real_problem(*args, **kwargs)
 
     real_rmtree = shutil.rmtree
 

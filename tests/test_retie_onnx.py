@@ -15,7 +15,7 @@ from conftest import Corpus
 from onnx import TensorProto, helper, numpy_helper
 
 from tieaudit.cli.main import main
-from tieaudit.formats.safetensors import TIES_METADATA_KEY
+from tieaudit.formats.tie_records import TIES_METADATA_KEY
 from tieaudit.repair.onnx_writer import ALIGNMENT
 from tieaudit.repair.retie import retie
 
@@ -307,7 +307,7 @@ def test_torchscript_gpt2_after_retie_stores_each_parameter_once(corpus: Corpus,
     import sys
 
     sys.path.insert(0, str(Path(__file__).parent.parent / "fixtures"))
-    import producers_onnx
+    import producers_onnx  # type: ignore[import-not-found]
 
     wrapper, _ = producers_onnx._gpt2_wrapper(clone_head=False)
     params = {name: p.detach().numpy() for name, p in wrapper.named_parameters()}  # tied: listed once

@@ -62,8 +62,8 @@ def _one_line(stderr: str) -> str:
 def _values(path: Path) -> dict[str, np.ndarray]:
     from tieaudit.repair.restore import restored_array, sources
 
-    with open_checkpoint(str(path)) as ckpt:
-        return {name: np.array(restored_array(ckpt, s)) for name, s in sources(ckpt).items()}
+    with open_checkpoint(str(path)) as opened:
+        return {name: np.array(restored_array(opened, s)) for name, s in sources(opened.checkpoint).items()}
 
 
 def _assert_same_values(path: Path, expected: dict[str, np.ndarray]) -> None:

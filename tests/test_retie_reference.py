@@ -22,6 +22,7 @@ import pytest
 import tieaudit.repair.retie as retie_module
 import tieaudit.repair.verify as verify_module
 from tieaudit.cli.main import main
+from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.formats import open_checkpoint
 
 CASES = {
@@ -49,10 +50,10 @@ def _change_stored_bytes(out: str, how: str) -> None:
             handle.write(b"\0" * 8)
         return
     root = out if os.path.isdir(out) else os.path.dirname(out)
-    with open_checkpoint(out) as ckpt:
-        tensor = max(ckpt.tensors, key=lambda t: t.nbytes)
-        storage = ckpt.storages[tensor.storage_id]
-        head = ckpt.array(tensor).tobytes()[:64]
+    with open_checkpoint(out) as opened:
+        tensor = max(opened.checkpoint.tensors, key=lambda t: t.nbytes)
+        storage = opened.storage(tensor)
+        head = opened.array(tensor).tobytes()[:64]
     path = os.path.join(root, storage.file)
     data = bytearray(Path(path).read_bytes())
     position = storage.file_offset + tensor.byte_offset if storage.file_offset >= 0 else data.find(head)
@@ -88,15 +89,19 @@ def test_an_output_only_the_reference_loader_reads_differently_is_refused(
         def __init__(self, inner_writer: Any) -> None:
             self.inner_writer = inner_writer
 
-        def write(self, ckpt: Any, plan: Any, staged: str) -> list[str]:
-            files: list[str] = self.inner_writer.write(ckpt, plan, staged)
+        def write(self, opened: Any, plan: Any, staged: str) -> list[str]:
+            files: list[str] = self.inner_writer.write(opened, plan, staged)
             shutil.copytree(os.path.dirname(staged), pristine)
             redirect[staged] = str(pristine / os.path.basename(staged))
             _change_stored_bytes(staged, how)
             return files
 
     monkeypatch.setattr(retie_module, "_writer", lambda format: Disagreeing(real_writer(format)))
-    monkeypatch.setattr(verify_module, "open_checkpoint", lambda path: real_open(redirect.get(path, path)))
+
+    def redirected_open(path: str) -> OpenCheckpoint:
+        return real_open(redirect.get(path, path))
+
+    monkeypatch.setattr(verify_module, "open_checkpoint", redirected_open)
     assert main(["retie", str(source), str(out)]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("tieaudit: error: "), lines

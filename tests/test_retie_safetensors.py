@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from producers_torch import HIDDEN, VOCAB, ToyLM
+from producers_torch import HIDDEN, VOCAB, ToyLM  # type: ignore[import-not-found]
 from safetensors import safe_open
 from safetensors.torch import load_file, load_model, save_file
 
@@ -169,9 +169,9 @@ def test_byte_chunks_bounded_strided_and_extended_dtypes() -> None:
 def test_header_is_padded_to_eight_bytes(corpus: Any) -> None:
     from tieaudit.formats import open_checkpoint
 
-    with open_checkpoint(str(corpus.path("st_cloned_head"))) as ckpt:
+    with open_checkpoint(str(corpus.path("st_cloned_head"))) as opened:
         for count in range(1, 5):
-            header = header_bytes(ckpt.tensors[:count], {"format": "pt"})
+            header = header_bytes(opened.checkpoint.tensors[:count], {"format": "pt"})
             assert len(header) % 8 == 0 and int.from_bytes(header[:8], "little") == len(header) - 8
 
 
@@ -333,8 +333,8 @@ CHILD = textwrap.dedent(
     import tieaudit.repair.st_stream as st
 
     real = st.write_tensor
-    def slow(fd, offset, ckpt, tensor):
-        written = real(fd, offset, ckpt, tensor)
+    def slow(fd, offset, opened, *, tensor):
+        written = real(fd, offset, opened, tensor=tensor)
         print("wrote", tensor.name, flush=True)
         time.sleep(60)
         return written

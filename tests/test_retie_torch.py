@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import Corpus
-from producers_torch import ToyLM
+from producers_torch import ToyLM  # type: ignore[import-not-found]
 from torch import nn
 
 from tieaudit.cli.main import main
@@ -259,8 +259,8 @@ def test_writer_names_tensors_as_the_reader_does(corpus: Corpus, tmp_path: Path)
     torch.save(awkward_names(), awkward)
     paths = [corpus.path(name) for name in corpus.entries if name.startswith("torch_")] + [awkward]
     for path in paths:
-        with open_checkpoint(str(path)) as ckpt:
-            assert set(named_tensors(torch, load_weights(str(path)))) == ckpt.names, path
+        with open_checkpoint(str(path)) as opened:
+            assert set(named_tensors(torch, load_weights(str(path)))) == opened.checkpoint.names, path
 
 
 def test_only_the_entry_the_reader_sees_is_replaced(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from tieaudit.cli.onnx import export, runtime
 from tieaudit.formats import open_checkpoint
 from tieaudit.formats.onnx_model import load_model
 from tieaudit.report.json_report import finding_dict
-from tieaudit.rules.registry import Finding
+from tieaudit.rules.registry import RULES
 from tieaudit.runtime.graph import input_specs
 from tieaudit.runtime.measure import measure_runtime, runtime_findings
 from tieaudit.runtime.probe import CONFIGS, CRASH_ENV, SLEEP_ENV
@@ -112,7 +112,8 @@ def test_every_configuration_is_measured_and_the_folded_transpose_is_named(corpu
         "constant-folding",
         1000 * 64 * 4,
     )
-    assert copy.copy not in open_checkpoint(str(corpus.path("onnx_gpt2_tied_dynamo"))).names
+    with open_checkpoint(str(corpus.path("onnx_gpt2_tied_dynamo"))) as opened:
+        assert copy.copy not in opened.checkpoint.names
     assert both_off.duplicates == () and both_off.recomputed == ()
     # Folding off alone: the MatMul reads E itself, and prepacking keeps a packed copy beside it.
     [packed] = by_name["no_constant_folding"].static.duplicates  # type: ignore[union-attr]
@@ -148,7 +149,7 @@ def test_json_report_has_the_schema_configs_and_the_finding_layout(
         in (document["recommendation"]["session_options"])
     )
     [finding] = document["findings"]
-    assert set(finding) == set(finding_dict(Finding("TIE005", "warning", ("a",), "m", details={"x": 1})))
+    assert set(finding) == set(finding_dict(RULES["TIE005"].finding(("a",), "m", details={"x": 1})))
     assert finding["rule"] == "TIE005" and finding["kind"] == "runtime-duplicate"
     assert finding["details"]["config"] == "default"
 
@@ -203,8 +204,11 @@ def test_synthetic_inputs_follow_the_graph_and_the_dims(tmp_path: Path) -> None:
     ]
     flat = numpy_helper.from_array(np.array([-1], dtype=np.int64), "flat")
     path = _save(tmp_path / "inputs.onnx", nodes, [numpy_helper.from_array(EMBEDDING, "E"), flat], inputs)
-    with open_checkpoint(str(path)) as ckpt:
-        specs = {s.name: s for s in input_specs(load_model(str(path)), ckpt, {"sequence": 5, "width": 3})}
+    with open_checkpoint(str(path)) as opened:
+        specs = {
+            s.name: s
+            for s in input_specs(load_model(str(path)), opened.checkpoint, {"sequence": 5, "width": 3})
+        }
     assert (specs["input_ids"].fill, specs["input_ids"].high, specs["input_ids"].shape) == (
         "ids",
         VOCAB,
@@ -628,7 +632,7 @@ def test_the_probe_lowers_its_limit_and_keeps_a_tighter_outer_one() -> None:
 
 
 def test_a_crash_after_bad_alloc_is_the_memory_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tieaudit import runtime_probe
+    from tieaudit.runtime import probe as runtime_probe
     from tieaudit.runtime.probe import MemoryLimitError, run_probe
 
     terminate = "terminate called after throwing an instance of 'std::bad_alloc'"

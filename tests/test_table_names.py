@@ -105,7 +105,8 @@ class Pair:
     """The stored name of the head: the one key the untied save holds and the tied save does not."""
 
 
-def _stored_name(weights: dict[str, np.ndarray], live: torch.Tensor) -> str:
+def _stored_name(weights: dict[str, np.ndarray], live: torch.Tensor | torch.nn.Module) -> str:
+    assert isinstance(live, torch.Tensor), type(live)  # an embedding's weight (Module.__getattr__'s type)
     (name,) = [
         k for k, v in weights.items() if v.shape == tuple(live.shape) and np.array_equal(v, live.numpy())
     ]

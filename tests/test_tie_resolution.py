@@ -58,7 +58,7 @@ NESTED = {
     ],
     "absent_is_default": ["text_config.tie_word_embeddings"],
 }
-BASES = {
+BASES: dict[str, dict[str, Any]] = {
     "LlamaModel": {"model_type": "llama", "switches": [], "groups": []},
     "GemmaModel": {"model_type": "gemma", "switches": [], "groups": []},
 }

@@ -12,6 +12,7 @@ whole CLI on every hostile file.)
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -26,8 +27,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "fixtures" / "hostile"))
-from builders import legacy_file, pickle_of, proto, state_dict, tensor, weights  # noqa: E402
-from cases_torch import VERSION, Raw, archive, raw_zip  # noqa: E402
+from builders import legacy_file, pickle_of, proto, state_dict, tensor, weights  # type: ignore[import-not-found]  # noqa: E402
+from cases_torch import VERSION, Raw, archive, raw_zip  # type: ignore[import-not-found]  # noqa: E402
 
 from tieaudit.core.errors import InputError  # noqa: E402
 from tieaudit.formats.pickle_vm import MAX_OPCODES  # noqa: E402
@@ -109,7 +110,7 @@ def _legacy_tensors(count: int) -> bytes:
     return legacy_file(pickle_of(state_dict(*entries)), keys, [(2, weights(2))] * count)
 
 
-PATTERNS = {
+PATTERNS: dict[str, tuple[bytes, bytes, bytes]] = {
     "empty-lists": (proto(2), b"]" * 1300, b"."),
     "appends": (proto(2) + b"](", b"]" * 1300, b"e."),
     "int-leaves": (proto(2) + b"](", b"K\x07" * 650, b"e."),
@@ -128,7 +129,7 @@ PATTERNS = {
 }
 
 INPUTS: dict[str, Callable[[], bytes]] = {
-    **{f"deflated-{name}": (lambda p=p: _deflated_to_the_limit(*p)) for name, p in PATTERNS.items()},
+    **{f"deflated-{name}": functools.partial(_deflated_to_the_limit, *p) for name, p in PATTERNS.items()},
     "stored-empty-lists": lambda: _fill(lambda n: _stored(proto(2) + b"]" * n + b".")),
     "stored-nested-tuples": lambda: _fill(lambda n: _stored(proto(2) + (b"(" * 199 + b"t" * 199) * n + b".")),
     "members": lambda: _fill(
@@ -145,10 +146,10 @@ def _read(path: str) -> int:
     from tieaudit.formats.torch_file import TorchReader
 
     try:
-        with TorchReader().read(path) as ckpt:
-            for info in ckpt.tensors:
-                ckpt.array(info)
-            return len(ckpt.tensors)
+        with TorchReader().read(path) as opened:
+            for info in opened.checkpoint.tensors:
+                opened.array(info)
+            return len(opened.checkpoint.tensors)
     except InputError:
         return -1
 
@@ -169,7 +170,7 @@ def _measure(folder: str) -> dict[str, tuple[int, float, int]]:
             code = 0
             try:
                 Path(result).write_text(str(_read(path)))
-            except BaseException:  # noqa: BLE001 - reported as a missing count
+            except BaseException:
                 code = 1
             os._exit(code)
         _, status, usage = os.wait4(pid, 0)
@@ -186,7 +187,7 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, f
         [sys.executable, __file__, str(folder)], capture_output=True, text=True, timeout=600, check=False
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    found: dict[str, tuple[int, float, int]] = {k: tuple(v) for k, v in json.loads(run.stdout).items()}  # type: ignore[misc]
+    found: dict[str, tuple[int, float, int]] = {k: tuple(v) for k, v in json.loads(run.stdout).items()}
     return found
 
 

@@ -26,6 +26,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.errors import InputError, UnsafeInputError, UnsupportedFormatError
 from tieaudit.core.records import Checkpoint
 from tieaudit.formats.torch_file import MAX_DEPTH, ROOT_NAME, TorchReader
@@ -113,9 +114,10 @@ def logical_bytes(tensor: torch.Tensor) -> bytes:
     return bytes(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
 
 
-def assert_matches_torch(path: Path) -> Checkpoint:
+def assert_matches_torch(path: Path) -> OpenCheckpoint:
     truth = flatten_loaded(torch.load(path, weights_only=True))
-    ckpt = TorchReader().read(str(path))
+    opened = TorchReader().read(str(path))
+    ckpt = opened.checkpoint
     assert [t.name for t in ckpt.tensors] == list(truth)
     stored = {n: t for n, t in truth.items() if t.untyped_storage().nbytes() > 0}
     assert partition({n: ckpt.tensor(n).storage_id for n in stored}) == partition(
@@ -123,14 +125,20 @@ def assert_matches_torch(path: Path) -> Checkpoint:
     )
     for info in ckpt.tensors:
         tensor = truth[info.name]
-        array = ckpt.array(info)
+        array = opened.array(info)
         assert info.dtype == str(tensor.dtype).removeprefix("torch.")
         assert array.shape == tuple(tensor.shape)
         assert info.strides == tuple(tensor.stride())
         assert array.flags.writeable is False
         assert np.ascontiguousarray(array).tobytes() == logical_bytes(tensor)
         assert ckpt.storages[info.storage_id].nbytes == tensor.untyped_storage().nbytes()
-    return ckpt
+    return opened
+
+
+def metadata(path: Path) -> Checkpoint:
+    """What the reader found in path (records only; the file is closed again)."""
+    with TorchReader().read(str(path)) as opened:
+        return opened.checkpoint
 
 
 # torch 2.13 writes these through UntypedStorage, which its own legacy loader cannot load back.
@@ -145,7 +153,8 @@ def test_real_checkpoints_match_torch_load(tmp_path: Path, builder: str, legacy:
     if legacy and builder == "dtypes":
         obj = {name: tensor for name, tensor in obj.items() if name not in UNTYPED_DTYPES}
     torch.save(obj, path, _use_new_zipfile_serialization=not legacy)
-    with assert_matches_torch(path) as ckpt:
+    with assert_matches_torch(path) as opened:
+        ckpt = opened.checkpoint
         assert ckpt.format == "torch" and ckpt.files == ("ckpt.pt",)
 
 
@@ -161,15 +170,15 @@ def test_legacy_untyped_storages_are_refused_as_torch_cannot_load_them(tmp_path:
 def test_tied_names_share_a_storage_and_untied_do_not(tmp_path: Path) -> None:
     torch.save(Pair(tied=True).state_dict(), tmp_path / "tied.pt")
     torch.save(Pair(tied=False).state_dict(), tmp_path / "untied.pt")
-    tied = TorchReader().read(str(tmp_path / "tied.pt"))
-    untied = TorchReader().read(str(tmp_path / "untied.pt"))
+    tied = metadata(tmp_path / "tied.pt")
+    untied = metadata(tmp_path / "untied.pt")
     assert tied.tensor("a.weight").storage_id == tied.tensor("b.weight").storage_id
     assert untied.tensor("a.weight").storage_id != untied.tensor("b.weight").storage_id
 
 
 def test_views_keep_offsets_and_strides(tmp_path: Path) -> None:
     torch.save(views_checkpoint(), tmp_path / "v.pt")
-    ckpt = TorchReader().read(str(tmp_path / "v.pt"))
+    ckpt = metadata(tmp_path / "v.pt")
     assert ckpt.tensor("wt").strides == (1, 4) and ckpt.tensor("wt").byte_offset == 0
     assert ckpt.tensor("s").byte_offset == 2 * 4 * 4
     assert ckpt.tensor("expanded").strides == (0, 1)
@@ -177,7 +186,7 @@ def test_views_keep_offsets_and_strides(tmp_path: Path) -> None:
 
 def test_training_checkpoint_flattens_and_skips_non_tensors(tmp_path: Path) -> None:
     torch.save(training_checkpoint(), tmp_path / "train.pt")
-    ckpt = TorchReader().read(str(tmp_path / "train.pt"))
+    ckpt = metadata(tmp_path / "train.pt")
     assert {"model.a.weight", "optimizer.state.0.exp_avg", "optimizer.state.0.step"} <= ckpt.names
     skipped = {s.name: s.reason for s in ckpt.skipped}
     assert skipped["epoch"] == "int leaf"
@@ -188,9 +197,9 @@ def test_training_checkpoint_flattens_and_skips_non_tensors(tmp_path: Path) -> N
 
 def test_odd_leaves_are_skipped_with_a_reason(tmp_path: Path) -> None:
     x = torch.randn(3)
-    x.note = "attribute"  # saved through torch._tensor._rebuild_from_type_v2
+    x.note = "attribute"  # type: ignore[attr-defined]  # saved through torch._tensor._rebuild_from_type_v2
     param = torch.nn.Parameter(torch.randn(2))
-    param.tag = 1  # saved through _rebuild_parameter_with_state
+    param.tag = 1  # type: ignore[attr-defined]  # saved through _rebuild_parameter_with_state
     leaves = {
         "x": x, "p": param, "conj": torch.randn(2, dtype=torch.complex64).conj(),
         "size": torch.Size([2, 3]), "device": torch.device("cpu"), "dtype": torch.bfloat16,
@@ -198,7 +207,7 @@ def test_odd_leaves_are_skipped_with_a_reason(tmp_path: Path) -> None:
         "meta": torch.empty(2, device="meta"), "e8m0": torch.ones(2).to(torch.float8_e8m0fnu),
     }  # fmt: skip
     torch.save(leaves, tmp_path / "odd.pt")
-    ckpt = TorchReader().read(str(tmp_path / "odd.pt"))
+    ckpt = metadata(tmp_path / "odd.pt")
     assert ckpt.names == {"x", "p"}
     reasons = {s.name: s.reason for s in ckpt.skipped}
     assert reasons["size"] == "torch.Size leaf" and reasons["device"] == "torch.device leaf"
@@ -238,8 +247,8 @@ def test_reading_never_imports_torch(tmp_path: Path) -> None:
         "import sys\n"
         "from tieaudit.formats.torch_file import TorchReader\n"
         "for path in sys.argv[1:]:\n"
-        "    ckpt = TorchReader().read(path)\n"
-        "    [ckpt.array(t).sum() for t in ckpt.tensors if t.dtype == 'float32']\n"
+        "    with TorchReader().read(path) as opened:\n"
+        "        [opened.array(t).sum() for t in opened.checkpoint.tensors if t.dtype == 'float32']\n"
         "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))\n"
     )
     result = subprocess.run(
@@ -317,7 +326,8 @@ class FakeTensor:
     def __init__(
         self, storage: FakeStorage, offset: int, size: tuple[int, ...], stride: tuple[int, ...]
     ) -> None:
-        self.args = (storage, offset, size, stride, False, OrderedDict())
+        hooks: OrderedDict[str, Any] = OrderedDict()
+        self.args = (storage, offset, size, stride, False, hooks)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (torch._utils._rebuild_tensor_v2, self.args)
@@ -370,8 +380,8 @@ def test_hand_made_zip_reads(tmp_path: Path) -> None:
     storage = FakeStorage("0", 6)
     data = np.arange(6, dtype="<f4").tobytes()
     path = fake_zip(tmp_path / "ok.pt", {"w": FakeTensor(storage, 0, (2, 3), (3, 1))}, {"0": data})
-    ckpt = TorchReader().read(str(path))
-    assert ckpt.array(ckpt.tensor("w")).tolist() == [[0, 1, 2], [3, 4, 5]]
+    with TorchReader().read(str(path)) as opened:
+        assert opened.array(opened.checkpoint.tensor("w")).tolist() == [[0, 1, 2], [3, 4, 5]]
 
 
 @pytest.mark.parametrize(
@@ -521,9 +531,9 @@ def test_mutated_pickles_never_escape_as_crashes(tmp_path: Path, edits: list[tup
         mutated[position] = value
     path = write_zip(tmp_path / "fuzz.pt", REAL_MEMBERS | {"archive/data.pkl": bytes(mutated)})
     try:
-        with TorchReader().read(str(path)) as ckpt:
-            for info in ckpt.tensors:
-                ckpt.array(info)
+        with TorchReader().read(str(path)) as opened:
+            for info in opened.checkpoint.tensors:
+                opened.array(info)
     except InputError as exc:
         assert "\n" not in str(exc)
 
@@ -550,7 +560,8 @@ def test_non_tensor_leaves_beyond_the_kept_ones_are_counted(tmp_path: Path) -> N
 
     path = tmp_path / "steps.pt"
     torch.save({"w": torch.zeros(4, 4), "steps": list(range(30_000))}, path)
-    with TorchReader().read(str(path)) as ckpt:
+    with TorchReader().read(str(path)) as opened:
+        ckpt = opened.checkpoint
         assert [t.name for t in ckpt.tensors] == ["w"]
         assert len(ckpt.skipped) == MAX_KEPT_SKIPPED and ckpt.skipped_total == 30_000
         assert ckpt.skipped[-1].name == f"steps.{MAX_KEPT_SKIPPED - 1}"

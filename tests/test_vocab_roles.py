@@ -21,7 +21,12 @@ from safetensors.numpy import load_file, save_file
 from tieaudit.cli.main import main
 from tieaudit.formats.hf_dir import HfDirReader
 
-SMALL = {"encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 2, "decoder_attention_heads": 2}
+SMALL: dict[str, Any] = {
+    "encoder_layers": 1,
+    "decoder_layers": 1,
+    "encoder_attention_heads": 2,
+    "decoder_attention_heads": 2,
+}
 SMALL.update(encoder_ffn_dim=32, decoder_ffn_dim=32, vocab_size=100, d_model=16)
 
 BUILDERS: dict[str, Callable[[bool], transformers.PreTrainedModel]] = {
@@ -169,7 +174,8 @@ def test_a_tied_output_bias_is_compared_as_stored(saved: Callable[[str, bool], P
     """BERT ties ``cls.predictions.decoder.bias`` to ``cls.predictions.bias`` and stores only the
     latter: the role follows the tie to what is stored."""
     folder = saved("BertForMaskedLM", True)
-    checkpoint = HfDirReader().read(str(folder))
+    with HfDirReader().read(str(folder)) as opened:
+        checkpoint = opened.checkpoint
     assert checkpoint.config is not None and checkpoint.config.roles is not None
     roles = checkpoint.config.roles
     assert (roles.input_embedding, roles.output_embedding, roles.output_bias) == (
@@ -184,7 +190,8 @@ def test_a_tied_output_bias_is_compared_as_stored(saved: Callable[[str, bool], P
 
 
 def test_roles_are_spelled_as_the_file_stores_them(saved: Callable[[str, bool], Path]) -> None:
-    checkpoint = HfDirReader().read(str(saved("GPTNeoXForCausalLM", False)))
+    with HfDirReader().read(str(saved("GPTNeoXForCausalLM", False))) as opened:
+        checkpoint = opened.checkpoint
     assert checkpoint.config is not None and checkpoint.config.roles is not None
     roles = checkpoint.config.roles
     assert (roles.input_embedding, roles.output_embedding, roles.output_bias) == (
@@ -200,7 +207,8 @@ def test_several_architectures_give_no_roles(saved: Callable[[str, bool], Path],
     config = json.loads((folder / "config.json").read_text())
     config["architectures"] = ["RwkvForCausalLM", "RwkvModel"]
     (folder / "config.json").write_text(json.dumps(config))
-    checkpoint = HfDirReader().read(str(folder))
+    with HfDirReader().read(str(folder)) as opened:
+        checkpoint = opened.checkpoint
     assert checkpoint.config is not None and checkpoint.config.roles is None
     code, document = _check(folder, tmp_path, "--fail-on", "error")
     assert "TIE004" not in _rules(document) and code == 0  # no whole name matches a block projection

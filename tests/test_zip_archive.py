@@ -25,8 +25,8 @@ from tieaudit.formats.torch_file import TorchReader
 from tieaudit.formats.zip_archive import read_archive, read_member
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fixtures" / "hostile"))
-from builders import pickle_of, state_dict, tensor, weights  # noqa: E402
-from cases_torch import VERSION, Raw, archive, raw_zip  # noqa: E402
+from builders import pickle_of, state_dict, tensor, weights  # type: ignore[import-not-found]
+from cases_torch import VERSION, Raw, archive, raw_zip  # type: ignore[import-not-found]
 
 
 def zip64_everywhere(members: list[Raw]) -> bytes:
@@ -73,8 +73,8 @@ def two_tensors() -> list[Raw]:
 def read_both(path: Path) -> tuple[dict[str, list[object]], dict[str, list[object]]]:
     loaded = torch.load(path, weights_only=True, map_location="cpu")
     theirs = {name: value.tolist() for name, value in loaded.items()}
-    with TorchReader().read(str(path)) as ckpt:
-        ours = {t.name: np.asarray(ckpt.array(t)).tolist() for t in ckpt.tensors}
+    with TorchReader().read(str(path)) as opened:
+        ours = {t.name: np.asarray(opened.array(t)).tolist() for t in opened.checkpoint.tensors}
     return theirs, ours
 
 
@@ -183,9 +183,9 @@ def test_deflated_members_are_bounded_and_must_inflate_exactly(tmp_path: Path) -
     with open(path, "rb") as handle:
         fd = handle.fileno()
         found = read_archive(fd, path.stat().st_size, str(path)).find("archive/data.pkl")
-        assert found is not None and read_member(fd, found, 1 << 20, str(path)) == pickle
+        assert found is not None and read_member(fd, found, 1 << 20, path=str(path)) == pickle
         with pytest.raises(InputError, match="larger than 10 bytes"):
-            read_member(fd, found, 10, str(path))
+            read_member(fd, found, 10, path=str(path))
     bomb = [Raw(b"archive/data.pkl", pickle + b" " * 200_000, deflate=True), Raw(b"archive/version", VERSION)]
     assert "zip bomb" in _refused(tmp_path, raw_zip(bomb))
 

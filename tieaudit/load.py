@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.dtypes import itemsize
-from tieaudit.core.records import Checkpoint, TensorInfo
+from tieaudit.core.records import TensorInfo
 from tieaudit.formats import open_checkpoint
 from tieaudit.repair.restore import Source, restored_array, sources
 
@@ -41,8 +42,8 @@ def _bytes_tensor(array: np.ndarray) -> torch.Tensor:
 class _StorageCopies:
     """One uint8 torch copy per storage; tensors are typed, strided views of it."""
 
-    def __init__(self, ckpt: Checkpoint) -> None:
-        self.ckpt = ckpt
+    def __init__(self, opened: OpenCheckpoint) -> None:
+        self.opened = opened
         self.storages: dict[str, torch.Tensor] = {}
         self.views: dict[ViewKey, torch.Tensor] = {}
 
@@ -50,7 +51,7 @@ class _StorageCopies:
         import torch
 
         if storage_id not in self.storages:
-            buffer = self.ckpt.store.buffer(self.ckpt.storages[storage_id])
+            buffer = self.opened.store.buffer(self.opened.checkpoint.storages[storage_id])
             copied = np.array(np.frombuffer(buffer, dtype=np.uint8))  # out of the mmap
             self.storages[storage_id] = torch.from_numpy(copied)
         return self.storages[storage_id]
@@ -67,12 +68,12 @@ class _StorageCopies:
         size = itemsize(tensor.dtype)
         if tensor.byte_offset % size or len(data) % size:
             # A view at an offset the dtype cannot express: its own copy (no sharing possible).
-            return _bytes_tensor(self.ckpt.array(tensor))
+            return _bytes_tensor(self.opened.array(tensor))
         typed = data.view(_torch_dtype(tensor.dtype))
         return typed.as_strided(tensor.shape, tensor.strides, tensor.byte_offset // size)
 
 
-def _restored(ckpt: Checkpoint, source: Source, base: torch.Tensor) -> torch.Tensor:
+def _restored(opened: OpenCheckpoint, source: Source, base: torch.Tensor) -> torch.Tensor:
     """A recorded tie's value: the source object itself, its transpose (a view), or a cast copy.
 
     The cast is computed the way retie verified it (numpy, round to nearest even), so it is bit
@@ -81,7 +82,7 @@ def _restored(ckpt: Checkpoint, source: Source, base: torch.Tensor) -> torch.Ten
     if source.relation == "transposed":
         return base.permute(*range(base.dim() - 1, -1, -1))
     if source.relation == "cast":
-        return _bytes_tensor(restored_array(ckpt, source))
+        return _bytes_tensor(restored_array(opened, source))
     return base
 
 
@@ -92,10 +93,10 @@ def load_tied(path: str) -> dict[str, torch.Tensor]:
     names recorded as ``{dropped: kept}`` are the very same object as kept; transposed copies are
     a transposed view of the kept tensor; cast copies are a new tensor cast from it.
     """
-    with open_checkpoint(path) as ckpt:
-        copies = _StorageCopies(ckpt)
-        state: dict[str, torch.Tensor] = {t.name: copies.view(t) for t in ckpt.tensors}
-        for name, source in sources(ckpt).items():
+    with open_checkpoint(path) as opened:
+        copies = _StorageCopies(opened)
+        state: dict[str, torch.Tensor] = {t.name: copies.view(t) for t in opened.checkpoint.tensors}
+        for name, source in sources(opened.checkpoint).items():
             if name not in state:
-                state[name] = _restored(ckpt, source, state[source.name])
+                state[name] = _restored(opened, source, state[source.name])
         return state

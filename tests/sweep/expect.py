@@ -162,12 +162,12 @@ class Answer:
 
 def answer_of(audit: object) -> Answer:
     graph = audit.graph  # type: ignore[attr-defined]
-    declared = {(s.tie.target, s.tie.source) for s in graph.ties}
+    declared = {(s.tie.dropped, s.tie.kept) for s in graph.ties}
     groups = [frozenset(g.names) for g in graph.groups]
     findings = [(f.rule, frozenset(f.names), f.wasted_bytes) for f in audit.findings]  # type: ignore[attr-defined]
     notes = [s.reason for s in graph.checkpoint.skipped if s.name.startswith("config.json:")]
     unresolved = next((n for n in notes if "not resolved" in n), "")
-    return Answer(declared, groups, findings, audit.summary()["wasted_bytes"], unresolved)  # type: ignore[attr-defined]
+    return Answer(declared, groups, findings, audit.summary().wasted_bytes, unresolved)  # type: ignore[attr-defined]
 
 
 def _show(groups: object) -> str:

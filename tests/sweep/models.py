@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE_PATHS = (ROOT / "tieaudit" / "formats" / "tie_table.json", Path("/tmp/tie_table_preview.json"))
@@ -161,7 +161,7 @@ _ONES_LISTS = {"depths", "stage_num_blocks", "block_repeats", "num_layers_per_st
 _HEAD_LISTS = {"num_heads", "num_attention_heads"}
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

@@ -157,7 +157,7 @@ def compare_loads(
 # --- files ---------------------------------------------------------------------------------------
 
 
-def _load_into(build: Callable[[], Any], load: Callable[[Any], None]) -> Loaded:
+def _load_into(build: Callable[[], Any], load: Callable[[Any], object]) -> Loaded:
     loaded = Loaded()
     model = build()
     try:
@@ -194,8 +194,9 @@ def compare_pt(source: str, out: str, build: Callable[[], Any]) -> list[Disagree
     ]
     if lost:
         result.append(Disagreement("reload-ties", f"torch.load: sharing lost {lost}"))
-    loads = [_load_into(build, lambda m, sd=sd: m.load_state_dict(sd, strict=True)) for sd in (before, after)]
-    return result + compare_loads("load_state_dict(strict=True)", *loads)
+    loaded_before = _load_into(build, lambda m: m.load_state_dict(before, strict=True))
+    loaded_after = _load_into(build, lambda m: m.load_state_dict(after, strict=True))
+    return result + compare_loads("load_state_dict(strict=True)", loaded_before, loaded_after)
 
 
 def _within(group: frozenset[str], groups: list[frozenset[str]]) -> bool:
@@ -217,5 +218,6 @@ def compare_st(source: str, out: str, build: Callable[[], Any]) -> list[Disagree
             result.append(Disagreement("reload-names", f"load_file: {name} neither stored nor recorded"))
         elif digest(after[kept]) != digest(before[name]):
             result.append(Disagreement("reload-bytes", f"load_file: {name} (as {kept}) differs"))
-    loads = [_load_into(build, lambda m, f=f: load_model(m, f, strict=True)) for f in (source, out)]
-    return result + compare_loads("load_model(strict=True)", *loads)
+    loaded_before = _load_into(build, lambda m: load_model(m, source, strict=True))
+    loaded_after = _load_into(build, lambda m: load_model(m, out, strict=True))
+    return result + compare_loads("load_model(strict=True)", loaded_before, loaded_after)

@@ -239,7 +239,7 @@ def markdown(
         lines.append(f"| {variant} | " + " | ".join(str(counts[k]) for k, _ in statuses.most_common()) + " |")
     per_cause: dict[str, list[tuple[dict[str, Any], str]]] = defaultdict(list)
     for r in results:
-        seen = {}
+        seen: dict[str, str] = {}
         for d in r["disagreements"]:
             seen.setdefault(d["cause"], d["detail"])
         for cause, detail in seen.items():

@@ -1,4 +1,4 @@
-"""Pieces every command shares: exit codes, one-line errors, --format/--output, writing reports."""
+"""Pieces every command shares: one-line errors, --format/--output, writing reports."""
 
 from __future__ import annotations
 
@@ -11,10 +11,7 @@ import click
 
 from tieaudit.core.errors import TieauditError
 from tieaudit.core.escape import printable
-
-EXIT_CLEAN = 0
-EXIT_FINDINGS = 1
-EXIT_ERROR = 2
+from tieaudit.core.exit_codes import ExitCode
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -22,7 +19,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 class CliError(click.ClickException):
     """A user-facing error: one line on stderr, exit 2."""
 
-    exit_code = EXIT_ERROR
+    exit_code = ExitCode.BAD_INPUT
 
     def show(self, file: Any = None) -> None:
         echo_error(self.format_message())

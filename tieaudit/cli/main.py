@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
+if TYPE_CHECKING:
+    from tieaudit.report import CheckFormat, InspectFormat
+    from tieaudit.rules.finding import Severity
+
 from tieaudit.cli.common import (
-    EXIT_CLEAN,
-    EXIT_ERROR,
     echo_error,
     echo_note,
     output_options,
@@ -16,7 +19,9 @@ from tieaudit.cli.common import (
     user_errors,
     write_output,
 )
+from tieaudit.core.exit_codes import ExitCode
 from tieaudit.core.version import __version__
+from tieaudit.graph import DEFAULT_MIN_BYTES
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -29,8 +34,8 @@ def cli(debug: bool) -> None:
     Formats, converters and runtimes silently turn it into two copies; tieaudit finds
     the copies, fixes them and fails a release that gets it wrong.
 
-    Exit codes: 0 clean, 1 findings at or above --fail-on (check), 2 usage error or
-    unreadable, unsafe or unsupported input.
+    Exit codes: 0 clean, 1 findings at or above --fail-on (check, runtime), 2 usage error
+    or unreadable, unsafe or unsupported input, 3 a bug in tieaudit (please report it).
     """
 
 
@@ -38,7 +43,7 @@ def cli(debug: bool) -> None:
 @click.argument("path", type=click.Path())
 @output_options(("text", "json", "dot"))
 @user_errors
-def inspect(path: str, fmt: str, output: str | None) -> None:
+def inspect(path: str, fmt: InspectFormat, output: str | None) -> None:
     """Show which names share one storage, which ties are declared, and the tensors.
 
     PATH is a PyTorch .pt/.pth/.bin file, a .safetensors file, an .onnx model or a
@@ -78,7 +83,7 @@ def inspect(path: str, fmt: str, output: str | None) -> None:
     "--min-size",
     type=click.IntRange(min=0),
     default=None,
-    help="Tensors smaller than this many bytes are never copy candidates. [default: 1024]",
+    help=f"Tensors smaller than this many bytes are never copy candidates. [default: {DEFAULT_MIN_BYTES}]",
 )
 @click.option(
     "--ignore",
@@ -125,7 +130,8 @@ def inspect(path: str, fmt: str, output: str | None) -> None:
 def check(
     paths: tuple[str, ...],
     policy_path: str | None,
-    fail_on: str | None,
+    fail_on: Severity | None,
+    *,
     min_size: int | None,
     ignored: tuple[str, ...],
     exclude: tuple[str, ...],
@@ -134,7 +140,7 @@ def check(
     write_baseline_path: str | None,
     runtime: bool,
     exit_zero: bool,
-    fmt: str,
+    fmt: CheckFormat,
     output: str | None,
 ) -> None:
     """Gate a release: exit 1 when findings reach --fail-on.
@@ -170,29 +176,34 @@ def check(
     import dataclasses
 
     from tieaudit.gate.baseline import fingerprint_root, load_baseline, write_baseline
-    from tieaudit.gate.check import EXIT_FINDINGS, default_jobs, run_check
+    from tieaudit.gate.check import default_jobs, run_check
     from tieaudit.report import check_summary_line, render_check
     from tieaudit.rules.policy import load_policy
 
-    policy = load_policy(policy_path).overridden(fail_on, min_size, ignored)  # type: ignore[arg-type]
+    policy = load_policy(policy_path).overridden(fail_on, min_size, ignored)
     if runtime:
         policy = dataclasses.replace(policy, runtime=True)
     baseline = load_baseline(baseline_path) if baseline_path else None
     root = fingerprint_root(baseline, write_baseline_path)
-    result = run_check(paths, policy, exclude, jobs or default_jobs(), baseline, root, sys.stderr.isatty())
+    result = run_check(
+        paths,
+        policy,
+        exclude=exclude,
+        jobs=jobs or default_jobs(),
+        baseline=baseline,
+        fingerprint_root=root,
+        progress=sys.stderr.isatty(),
+    )
     if result.checked:  # no report at all when every path was bad input: nothing is written
         write_output(render_check(result, fmt, color=to_terminal(output)), output)
     for error in result.errors:
         echo_error(f"{error.path}: {error.message}")
     if fmt == "text" and len(result.checked) + len(result.errors) > 1:
         click.echo(check_summary_line(result), err=True)
-    code = result.exit_code()
-    if write_baseline_path and code != EXIT_ERROR:
+    code = result.exit_code(writing_baseline=write_baseline_path is not None, exit_zero=exit_zero)
+    if write_baseline_path and code != ExitCode.BAD_INPUT:
         count = write_baseline(write_baseline_path, result.audits)
         echo_note(f"wrote {count} findings to {write_baseline_path}")
-        code = EXIT_CLEAN
-    if exit_zero and code == EXIT_FINDINGS:
-        code = EXIT_CLEAN
     if code:
         raise click.exceptions.Exit(code)
 
@@ -237,7 +248,7 @@ def _relations(value: str | None) -> frozenset[str] | None:
 @click.option(
     "--min-size",
     type=click.IntRange(min=0),
-    default=1024,
+    default=DEFAULT_MIN_BYTES,
     show_default=True,
     help="Tensors smaller than this many bytes are never copy candidates.",
 )
@@ -246,6 +257,7 @@ def retie(
     source: str,
     out: str | None,
     dry_run: bool,
+    *,
     keep: str | None,
     relations: str | None,
     all_equal: bool,
@@ -303,7 +315,14 @@ def retie(
     if out is None and not dry_run:
         raise click.UsageError("OUT is required (only --dry-run may leave it out)")
     result = run_retie(
-        source, out or source, _relations(relations), keep, dry_run, in_place, min_size, all_equal=all_equal
+        source,
+        out or source,
+        relations=_relations(relations),
+        keep=keep,
+        dry_run=dry_run,
+        in_place=in_place,
+        min_bytes=min_size,
+        all_equal=all_equal,
     )
     for note in result.notes:
         click.echo(f"tieaudit: note: {note}", err=True)
@@ -339,19 +358,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # standalone_mode=False: click returns an Exit's code instead of calling sys.exit.
         code = cli.main(args=argv, prog_name="tieaudit", standalone_mode=False)
-        return code if isinstance(code, int) else EXIT_CLEAN
+        return code if isinstance(code, int) else ExitCode.OK
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
     except click.UsageError as exc:
         hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
         echo_error(f"{exc.format_message()}{hint}")
-        return EXIT_ERROR
+        return ExitCode.BAD_INPUT
     except click.ClickException as exc:
         exc.show()
-        return EXIT_ERROR if exc.exit_code == 1 else exc.exit_code  # click's UsageError is 2 already
+        return ExitCode.BAD_INPUT if exc.exit_code == 1 else exc.exit_code  # click's UsageError is 2 already
     except click.Abort:
         click.echo("tieaudit: aborted", err=True)
-        return EXIT_ERROR
+        return ExitCode.BAD_INPUT
     except Exception:  # a tieaudit bug, not bad input: keep the traceback for the report
         import traceback
 
@@ -360,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
             "tieaudit: internal error: this is a bug in tieaudit; please report it with the traceback above",
             err=True,
         )
-        return EXIT_ERROR
+        return ExitCode.INTERNAL_ERROR
 
 
 if __name__ == "__main__":

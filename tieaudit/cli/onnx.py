@@ -7,12 +7,16 @@ Heavy imports (onnxruntime, torch) happen in the library, and onnxruntime only i
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from tieaudit.cli.common import EXIT_FINDINGS, echo_error, output_options, user_errors, write_output
+from tieaudit.cli.common import echo_error, output_options, user_errors, write_output
+from tieaudit.core.exit_codes import ExitCode
 from tieaudit.core.units import parse_size
+
+if TYPE_CHECKING:
+    from tieaudit.rules.finding import Severity
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -125,12 +129,13 @@ def runtime(
     model: str,
     configs: tuple[str, ...],
     dims: tuple[str, ...],
+    *,
     runs: int,
     timeout: float,
     fold_limit: int | None,
     embed_weights: bool,
     memory_limit: int | None,
-    fail_on: str,
+    fail_on: Severity,
     exit_zero: bool,
     fmt: str,
     output: str | None,
@@ -189,9 +194,7 @@ def runtime(
     write_output(render_runtime_json(report) if fmt == "json" else render_runtime_text(report), output)
     for result in report.errors:
         echo_error(f"{model}: config {result.config.name}: {result.error}")
-    code = report.exit_code(fail_on)  # type: ignore[arg-type]
-    if exit_zero and code == EXIT_FINDINGS:
-        code = 0
+    code = report.exit_code(fail_on, exit_zero=exit_zero)
     if code:
         raise click.exceptions.Exit(code)
 
@@ -219,7 +222,7 @@ def runtime(
 )
 @user_errors
 def export(
-    source: str, out: str, opset: int | None, dims: tuple[str, ...], atol: float, timeout: float
+    source: str, out: str, opset: int | None, *, dims: tuple[str, ...], atol: float, timeout: float
 ) -> None:
     """Export a torch model to ONNX with its tie kept, and check it end to end.
 
@@ -245,7 +248,7 @@ def export(
     from tieaudit.report.runtime_report import render_export_summary
     from tieaudit.runtime.export import export_model
 
-    result = export_model(source, out, opset, _dims(dims), atol, timeout)
+    result = export_model(source, out, opset=opset, dims=_dims(dims), atol=atol, runtime_timeout=timeout)
     click.echo(render_export_summary(result), nl=False, err=True)
     if not result.written:
-        raise click.exceptions.Exit(2)
+        raise click.exceptions.Exit(ExitCode.BAD_INPUT)

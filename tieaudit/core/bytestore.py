@@ -1,15 +1,19 @@
-"""Read-only access to storage bytes: memory maps of files, or buffers already in memory."""
+"""Read-only access to storage bytes: memory maps of files, or buffers already in memory.
+
+``OpenCheckpoint`` pairs a reader's records with the ``ByteStore`` that owns the open maps; it is the
+only object that holds open files, and it closes them (use it as a context manager).
+"""
 
 from __future__ import annotations
 
 import mmap
 import os
-from typing import TYPE_CHECKING
 
+import numpy as np
+
+from tieaudit.core.dtypes import itemsize, to_numpy
 from tieaudit.core.errors import InputError
-
-if TYPE_CHECKING:
-    from tieaudit.core.records import StorageInfo
+from tieaudit.core.records import Checkpoint, StorageInfo, TensorInfo
 
 
 def _close_map(mapped: mmap.mmap) -> None:
@@ -74,7 +78,7 @@ class ByteStore:
             self._fds[file] = fd
         return fd
 
-    def copy_to(self, storage: StorageInfo, start: int, end: int, out_fd: int, out_offset: int) -> bool:
+    def copy_to(self, storage: StorageInfo, start: int, end: int, *, out_fd: int, out_offset: int) -> bool:
         """Copy storage bytes [start, end) into out_fd at out_offset inside the kernel
         (copy_file_range: no mapping, no user-space copy). False when not possible here
         (bytes held in memory, or the file systems refuse); the caller then copies itself."""
@@ -135,3 +139,42 @@ class ByteStore:
             os.close(fd)
         self._fds.clear()
         self._memory.clear()
+
+
+class OpenCheckpoint:
+    """A checkpoint's records and the open memory maps its tensor bytes come from."""
+
+    def __init__(self, checkpoint: Checkpoint, store: ByteStore) -> None:
+        self.checkpoint = checkpoint
+        """What the reader found (metadata only; outlives this object)."""
+        self.store = store
+        """The open maps and file descriptors; closed by ``close``."""
+
+    def storage(self, tensor: TensorInfo) -> StorageInfo:
+        """The storage tensor views."""
+        return self.checkpoint.storages[tensor.storage_id]
+
+    def array(self, tensor: TensorInfo) -> np.ndarray:
+        """A read-only, zero-copy numpy view of the tensor's elements."""
+        size = itemsize(tensor.dtype)
+        return np.ndarray(
+            shape=tensor.shape,
+            dtype=to_numpy(tensor.dtype),
+            buffer=self.store.buffer(self.storage(tensor)),
+            offset=tensor.byte_offset,
+            strides=tuple(s * size for s in tensor.strides),
+        )
+
+    def release(self, tensor: TensorInfo, start: int, end: int) -> None:
+        """Let the kernel reclaim the pages of bytes [start, end) of tensor's storage (see drop)."""
+        self.store.drop(self.storage(tensor), start, end)
+
+    def close(self) -> None:
+        """Release the memory maps."""
+        self.store.close()
+
+    def __enter__(self) -> OpenCheckpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

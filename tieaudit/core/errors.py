@@ -6,11 +6,15 @@ exits 2. Any other exception is a tieaudit bug and keeps its traceback.
 
 from __future__ import annotations
 
+from tieaudit.core.escape import printable
 
-def one_line(exc: BaseException, limit: int = 400) -> str:
-    """A foreign exception's message folded onto one line (for 'tieaudit: error: ...')."""
+
+def one_line(exc: BaseException, limit: int = 400, *, escaped: bool = False) -> str:
+    """A foreign exception's message folded onto one line (for 'tieaudit: error: ...'); escaped,
+    for a message that may quote names from a file and is not escaped again on output."""
     text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= limit else text[:limit] + "..."
+    text = text if len(text) <= limit else text[:limit] + "..."
+    return printable(text) if escaped else text
 
 
 class TieauditError(Exception):

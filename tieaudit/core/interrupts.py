@@ -23,7 +23,7 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _POOLS = itertools.count()  # a distinct thread-name prefix per pool
 
 
-class Interrupted(BaseException):  # noqa: N818 - it unwinds like KeyboardInterrupt, it is no error
+class Interrupted(BaseException):
     """A guarded signal arrived; unwinding removes what the block made."""
 
     def __init__(self, signum: int) -> None:

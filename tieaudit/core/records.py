@@ -1,7 +1,7 @@
 """The records passed between stages: what a reader found in a checkpoint.
 
-Readers build these from metadata alone; tensor bytes are reached only through
-``Checkpoint.array``, which returns read-only views over memory-mapped files.
+Readers build these from metadata alone; they hold no open file and pickle cleanly. Tensor bytes
+are reached through ``core.bytestore.OpenCheckpoint``, which owns the memory maps.
 """
 
 from __future__ import annotations
@@ -11,10 +11,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal
 
-import numpy as np
-
-from tieaudit.core.bytestore import ByteStore
-from tieaudit.core.dtypes import itemsize, to_numpy
+from tieaudit.core.dtypes import itemsize
 from tieaudit.core.errors import InputError
 from tieaudit.core.escape import quoted
 from tieaudit.core.limits import NPY_INTP_MAX, bounded_product, shown_dims
@@ -33,7 +30,7 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StorageInfo:
     """One run of bytes that one or more tensors view."""
 
@@ -49,7 +46,7 @@ class StorageInfo:
     """Canonical dtype of the storage elements."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TensorInfo:
     """A named tensor as stored: a strided view into one storage."""
 
@@ -92,14 +89,16 @@ class TensorInfo:
         return (self.byte_offset, self.byte_offset + (last + 1) * itemsize(self.dtype))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DeclaredTie:
-    """A statement, somewhere outside the tensor bytes, that target is source."""
+    """A statement, somewhere outside the tensor bytes, that dropped is kept: a loader restores
+    dropped from kept (transformers ties target to source; the JSON report keeps those names)."""
 
-    target: str
-    """The name that should be the same parameter as source (usually the output head)."""
-    source: str
-    """The name that holds the parameter (usually the input embedding)."""
+    dropped: str
+    """The name a loader restores from kept, discarding any bytes stored under it (usually the
+    output head; transformers' tie target)."""
+    kept: str
+    """The name that holds the parameter (usually the input embedding; transformers' tie source)."""
     declared_by: DeclaredBy
     """Who says so: config.json, safetensors metadata, the shard index, or the policy."""
     where: str
@@ -107,10 +106,10 @@ class DeclaredTie:
     relation: str = "equal"
     """equal; or, in tieaudit's own ``tieaudit.ties`` record, transposed or cast."""
     dtype: str | None = None
-    """For a cast: the target's dtype (source cast to it gives target)."""
+    """For a cast: dropped's dtype (kept cast to it gives dropped)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Consumer:
     """One use of an ONNX initializer as a node input."""
 
@@ -139,7 +138,7 @@ class Skipped:
     """Why it was not read as a tensor, e.g. ``int leaf``."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class VocabRoles:
     """The tensors one model class uses as its vocabulary matrices, from the tie table, spelled as
     the files store them (a dropped tie target: its source; see ``formats.hf_ties.class_roles``)."""
@@ -154,7 +153,7 @@ class VocabRoles:
     """The output projection's bias (None: the head has no bias)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """Facts from a Hugging Face config.json that tie rules use."""
 
@@ -181,9 +180,9 @@ class ModelConfig:
     an equal copy none of whose names matches one is equal by construction. None otherwise."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Checkpoint:
-    """Everything a reader found, plus access to tensor bytes."""
+    """Everything a reader found: metadata only (the bytes: ``OpenCheckpoint``)."""
 
     path: str
     """The path the user gave."""
@@ -193,8 +192,6 @@ class Checkpoint:
     """Every tensor, in stored order."""
     storages: Mapping[str, StorageInfo]
     """Storages by id."""
-    store: ByteStore = field(repr=False, compare=False)
-    """Where tensor bytes come from (memory maps)."""
     declared_ties: tuple[DeclaredTie, ...] = ()
     """Ties stated outside the bytes (config, metadata, index)."""
     consumers: Mapping[str, tuple[Consumer, ...]] = field(default_factory=dict)
@@ -228,25 +225,3 @@ class Checkpoint:
     def names(self) -> frozenset[str]:
         """Every stored tensor name."""
         return frozenset(self._by_name)
-
-    def array(self, tensor: TensorInfo) -> np.ndarray:
-        """A read-only, zero-copy numpy view of the tensor's elements."""
-        buffer = self.store.buffer(self.storages[tensor.storage_id])
-        size = itemsize(tensor.dtype)
-        return np.ndarray(
-            shape=tensor.shape,
-            dtype=to_numpy(tensor.dtype),
-            buffer=buffer,
-            offset=tensor.byte_offset,
-            strides=tuple(s * size for s in tensor.strides),
-        )
-
-    def close(self) -> None:
-        """Release the memory maps."""
-        self.store.close()
-
-    def __enter__(self) -> Checkpoint:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

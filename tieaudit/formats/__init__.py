@@ -7,8 +7,8 @@ import os
 import stat
 from collections.abc import Iterator
 
+from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.errors import InputError, UnsupportedFormatError
-from tieaudit.core.records import Checkpoint
 from tieaudit.formats.interface import Reader
 
 HEAD_BYTES = 64
@@ -42,8 +42,8 @@ def read_head(path: str) -> bytes:
         raise InputError(f"cannot read: {exc.strerror or exc}", path) from exc
 
 
-def open_checkpoint(path: str) -> Checkpoint:
-    """Sniff path's format and read it."""
+def open_checkpoint(path: str) -> OpenCheckpoint:
+    """Sniff path's format and read it: the records, and the open maps of its bytes (close it)."""
     if not os.path.exists(path):
         raise InputError("no such file or folder", path)
     try:

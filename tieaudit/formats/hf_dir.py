@@ -18,14 +18,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tieaudit.core.bytestore import ByteStore
+from tieaudit.core.bytestore import ByteStore, OpenCheckpoint
 from tieaudit.core.errors import InputError, UnsafeInputError
 from tieaudit.core.escape import printable
 from tieaudit.core.limits import TooLarge, nesting_depth_exceeds, parse_failure, read_limited
 from tieaudit.core.records import Checkpoint, DeclaredTie, Skipped, StorageInfo, TensorInfo
 from tieaudit.formats.hf_ties import CONFIG, config_ties, model_config
 from tieaudit.formats.interface import Reader
-from tieaudit.formats.safetensors import metadata_ties, read_header
+from tieaudit.formats.safetensors import read_header
+from tieaudit.formats.tie_records import metadata_ties
 
 TOKENIZER = "tokenizer.json"
 SAFE_SINGLE = "model.safetensors"
@@ -35,7 +36,7 @@ TORCH_INDEX = "pytorch_model.bin.index.json"
 LOOKED_FOR = f"{SAFE_SINGLE}, {SAFE_INDEX}, *.safetensors, {TORCH_SINGLE}, {TORCH_INDEX}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WeightSet:
     """The weight files a folder holds, and the index that lists them, if any."""
 
@@ -49,7 +50,7 @@ class WeightSet:
     """The index's string-valued ``metadata`` entries (may hold ``{dropped: kept}`` records)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FilePart:
     """What one weight file contributes to the folder's checkpoint."""
 
@@ -170,7 +171,12 @@ def read_index(folder: str, name: str) -> WeightSet:
         confined_path(folder, file, listed_in=name)
     normalized = {k: os.path.normpath(v).replace(os.sep, "/") for k, v in weight_map.items()}
     strings = {k: v for k, v in metadata.items() if isinstance(v, str)}
-    return WeightSet(tuple(sorted(set(normalized.values()))), name, normalized, strings)
+    return WeightSet(
+        files=tuple(sorted(set(normalized.values()))),
+        index=name,
+        weight_map=normalized,
+        index_metadata=strings,
+    )
 
 
 TORCH_SUFFIXES = (".bin", ".pt", ".pth")
@@ -189,14 +195,14 @@ def find_weights(folder: str) -> WeightSet:
         return os.path.isfile(os.path.join(folder, name))
 
     if exists(SAFE_SINGLE):
-        return WeightSet((SAFE_SINGLE,))
+        return WeightSet(files=(SAFE_SINGLE,))
     if exists(SAFE_INDEX):
         return read_index(folder, SAFE_INDEX)
     loose = sorted(os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(folder), "*.safetensors")))
     if loose:
-        return WeightSet(tuple(loose))
+        return WeightSet(files=tuple(loose))
     if exists(TORCH_SINGLE):
-        return WeightSet((TORCH_SINGLE,))
+        return WeightSet(files=(TORCH_SINGLE,))
     if exists(TORCH_INDEX):
         return read_index(folder, TORCH_INDEX)
     raise InputError(f"no weights found (looked for {LOOKED_FOR})", folder)
@@ -206,18 +212,25 @@ def read_safetensors_part(folder: str, file: str) -> FilePart:
     """One safetensors file: its header and its ``__metadata__`` tie records."""
     header = read_header(confined_path(folder, file), file)
     stored = {t.name for t in header.tensors}
-    ties = metadata_ties(header.metadata, stored, f"{file}:__metadata__", "metadata")
-    return FilePart(file, header.tensors, header.storages, tuple(ties))
+    ties = metadata_ties(header.metadata, stored, f"{file}:__metadata__", declared_by="metadata")
+    return FilePart(file=file, tensors=header.tensors, storages=header.storages, declared_ties=tuple(ties))
 
 
 def read_torch_part(folder: str, file: str) -> FilePart:
     """One PyTorch file, read by the torch reader; in-memory storage bytes are copied out."""
     from tieaudit.formats.torch_file import TorchReader
 
-    with TorchReader().read(confined_path(folder, file)) as sub:
-        memory = {sid: bytes(sub.store.buffer(s)) for sid, s in sub.storages.items() if s.file_offset < 0}
+    with TorchReader().read(confined_path(folder, file)) as opened:
+        sub = opened.checkpoint
+        memory = {sid: bytes(opened.store.buffer(s)) for sid, s in sub.storages.items() if s.file_offset < 0}
         return FilePart(
-            file, sub.tensors, dict(sub.storages), sub.declared_ties, sub.skipped, sub.skipped_more, memory
+            file=file,
+            tensors=sub.tensors,
+            storages=dict(sub.storages),
+            declared_ties=sub.declared_ties,
+            skipped=sub.skipped,
+            skipped_more=sub.skipped_more,
+            memory=memory,
         )
 
 
@@ -304,6 +317,7 @@ def gather_declarations(
     folder: str,
     config: Mapping[str, Any] | None,
     weights: WeightSet,
+    *,
     parts: list[FilePart],
 ) -> tuple[tuple[DeclaredTie, ...], list[Skipped]]:
     """Ties declared by config.json, shard metadata and the index; notes on what was not resolved."""
@@ -317,7 +331,7 @@ def gather_declarations(
         notes.extend(part.skipped)
     if weights.index is not None:
         where = f"{weights.index}:metadata"
-        ties.extend(metadata_ties(dict(weights.index_metadata), stored, where, "index"))
+        ties.extend(metadata_ties(dict(weights.index_metadata), stored, where, declared_by="index"))
     return unique_ties(ties), notes
 
 
@@ -334,7 +348,7 @@ def unique_ties(ties: list[DeclaredTie]) -> tuple[DeclaredTie, ...]:
     """Ties in first-seen order, one per (target, source, declared_by)."""
     seen: dict[tuple[str, str, str], DeclaredTie] = {}
     for tie in ties:
-        seen.setdefault((tie.target, tie.source, tie.declared_by), tie)
+        seen.setdefault((tie.dropped, tie.kept, tie.declared_by), tie)
     return tuple(seen.values())
 
 
@@ -346,21 +360,20 @@ class HfDirReader(Reader):
     def sniff(self, path: str, head: bytes) -> bool:
         return os.path.isdir(path)
 
-    def read(self, path: str) -> Checkpoint:
+    def read(self, path: str) -> OpenCheckpoint:
         folder = path
         config, config_files = read_config(folder)
         weights = find_weights(folder)
         parts = [read_part(folder, file, len(weights.files) > 1) for file in weights.files]
         check_weight_map(weights, parts, folder)
         tokenizer_size, tokenizer_files, tokenizer_notes = read_tokenizer(folder)
-        ties, notes = gather_declarations(folder, config, weights, parts)
+        ties, notes = gather_declarations(folder, config, weights, parts=parts)
         index_files = [weights.index] if weights.index else []
-        return Checkpoint(
+        checkpoint = Checkpoint(
             path=path,
             format="hf-dir",
             tensors=tuple(t for part in parts for t in part.tensors),
             storages={sid: s for part in parts for sid, s in part.storages.items()},
-            store=byte_store(folder, parts),
             declared_ties=ties,
             skipped=tuple(notes + tokenizer_notes),
             skipped_more=sum(part.skipped_more for part in parts),
@@ -373,3 +386,4 @@ class HfDirReader(Reader):
             ),
             files=tuple(config_files + index_files + list(weights.files) + tokenizer_files),
         )
+        return OpenCheckpoint(checkpoint, byte_store(folder, parts))

@@ -62,7 +62,7 @@ class TieFlag:
     """Where it was found (``tie_word_embeddings`` or ``text_config.tie_word_embeddings``)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TieResolution:
     """What the config's tie means for one class named in ``architectures``."""
 
@@ -202,14 +202,24 @@ def resolve_class(architecture: str, config: Mapping[str, Any], path: str) -> Ti
     if entry is None:
         failure = table.failure(architecture)
         why = "could not be built when the table was made" if failure else "is not in tieaudit's tie table"
-        return TieResolution(architecture, {}, None, note=f"architecture {architecture} {why} ({version})")
+        return TieResolution(
+            architecture=architecture,
+            ties={},
+            resolver=None,
+            note=f"architecture {architecture} {why} ({version})",
+        )
     answer = resolve(entry, config, path)
     if not isinstance(answer, Answer):
         return TieResolution(
-            architecture, {}, None, note=f"architecture {architecture} ({version}): {answer.reason}"
+            architecture=architecture,
+            ties={},
+            resolver=None,
+            note=f"architecture {architecture} ({version}): {answer.reason}",
         )
     note = None if answer.partial is None else f"architecture {architecture} ({version}): {answer.partial}"
-    return TieResolution(architecture, dict(answer.ties), "table", answer.states, note)
+    return TieResolution(
+        architecture=architecture, ties=dict(answer.ties), resolver="table", states=answer.states, note=note
+    )
 
 
 def resolve_ties(config: Mapping[str, Any], path: str) -> tuple[TieResolution, ...]:
@@ -244,7 +254,7 @@ def config_ties(
         for target, source in resolution.ties.items():
             if spelling is not None:
                 target, source = spelling.spell((target, source))
-            ties.append(DeclaredTie(target, source, "config", where))
+            ties.append(DeclaredTie(dropped=target, kept=source, declared_by="config", where=where))
     if not resolutions and stated_tie_flag(config, path).value is not False:
         notes.append(Skipped(f"{file}:architectures", "no architectures listed; config tie not resolved"))
     return ties, notes
@@ -286,7 +296,12 @@ def class_roles(resolved: Resolved | None, stored: Collection[str]) -> VocabRole
         return None  # a cycle of ties: the table never holds one
 
     embedding, output, bias = entry.embedding_names
-    return VocabRoles(entry.name, role(embedding), role(output), role(bias))
+    return VocabRoles(
+        architecture=entry.name,
+        input_embedding=role(embedding),
+        output_embedding=role(output),
+        output_bias=role(bias),
+    )
 
 
 def class_tie_pairs(resolved: Resolved | None, stored: Collection[str]) -> tuple[tuple[str, str], ...] | None:
@@ -364,4 +379,4 @@ def with_flag(config: Mapping[str, Any]) -> dict[str, Any]:
 def class_pairs(ckpt: Checkpoint, config: Mapping[str, Any]) -> set[tuple[str, str]]:
     """``(target, source)`` pairs the model class ties when the flag is true (empty: unresolved)."""
     ties, _ = config_ties(with_flag(config), os.path.join(ckpt.path, CONFIG), stored=ckpt.names)
-    return {(t.target, t.source) for t in ties}
+    return {(t.dropped, t.kept) for t in ties}

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.components import Components
 from tieaudit.core.errors import UsageError
 from tieaudit.core.records import Checkpoint, TensorInfo
@@ -45,7 +46,7 @@ _RECORD_KINDS = frozenset({"metadata", "index"})
 """Who declares a recorded pair: a ``{dropped: kept}`` record in ``__metadata__`` or the index."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LoaderRule:
     """Which equal copies the loader people use for this form restores from one stored tensor."""
 
@@ -88,22 +89,22 @@ def loader_rule(ckpt: Checkpoint) -> LoaderRule | None:
         config, _ = read_config(ckpt.path)
     if config is None:
         recorded = frozenset(
-            frozenset((t.target, t.source)) for t in ckpt.declared_ties if t.declared_by in _RECORD_KINDS
+            frozenset((t.dropped, t.kept)) for t in ckpt.declared_ties if t.declared_by in _RECORD_KINDS
         )
         return LoaderRule(
-            recorded,
-            (),
-            (),
-            f"{NOT_A_TIE} (safetensors.torch.load_model restores a name only when the live model "
+            accepted=recorded,
+            class_pairs=(),
+            declared=(),
+            why_left=f"{NOT_A_TIE} (safetensors.torch.load_model restores a name only when the live model "
             "shares it, and no {dropped: kept} record in the file says the model shares these two)",
-            "safetensors.torch.load_model(strict=True) will refuse this file unless the model shares "
-            "these tensors ({name} is not stored)",
+            consequence="safetensors.torch.load_model(strict=True) will refuse this file unless the model "
+            "shares these tensors ({name} is not stored)",
         )
     from tieaudit.formats.hf_dir import torch_weights
     from tieaudit.formats.hf_ties import class_pairs, flag_read_by
 
     pairs = tuple(sorted(class_pairs(ckpt, config)))
-    declared = tuple(sorted((t.target, t.source) for t in ckpt.declared_ties if t.declared_by == "config"))
+    declared = tuple(sorted((t.dropped, t.kept) for t in ckpt.declared_ties if t.declared_by == "config"))
     known = ckpt.config is not None and ckpt.config.class_ties is not None
     unties = "the class does not tie these two" if pairs and known else _UNKNOWN_CLASS
     if torch_weights(ckpt.files):  # the name stays in the .bin as a view of the kept storage
@@ -129,17 +130,30 @@ def loader_rule(ckpt: Checkpoint) -> LoaderRule | None:
         )
         why = f"the model class ties these two only with tie_word_embeddings set, and {locked}"
         accepted = frozenset(frozenset(pair) for pair in declared)
-        return LoaderRule(accepted, pairs, declared, why, consequence, flag_locked=locked)
-    return LoaderRule(frozenset(frozenset(pair) for pair in pairs), pairs, declared, why, consequence)
+        return LoaderRule(
+            accepted=accepted,
+            class_pairs=pairs,
+            declared=declared,
+            why_left=why,
+            consequence=consequence,
+            flag_locked=locked,
+        )
+    return LoaderRule(
+        accepted=frozenset(frozenset(pair) for pair in pairs),
+        class_pairs=pairs,
+        declared=declared,
+        why_left=why,
+        consequence=consequence,
+    )
 
 
-def max_difference(ckpt: Checkpoint, first: TensorInfo, second: TensorInfo) -> float:
+def max_difference(opened: OpenCheckpoint, first: TensorInfo, second: TensorInfo) -> float:
     """The largest absolute elementwise difference (same shape), a block of rows at a time; NaN
     where one side is NaN and the other is not."""
     row_bytes = first.nbytes // max(1, first.shape[0]) if first.shape else first.nbytes
     rows = max(1, BLOCK_BYTES // max(1, row_bytes))
     largest = 0.0
-    pairs = zip(iter_blocks(ckpt, first, rows), iter_blocks(ckpt, second, rows), strict=True)
+    pairs = zip(iter_blocks(opened, first, rows), iter_blocks(opened, second, rows), strict=True)
     for (_, a), (_, b) in pairs:
         left, right = a.astype(np.float64), b.astype(np.float64)
         both_nan = np.isnan(left) & np.isnan(right)
@@ -152,25 +166,26 @@ def max_difference(ckpt: Checkpoint, first: TensorInfo, second: TensorInfo) -> f
     return largest
 
 
-def _difference(ckpt: Checkpoint, target: TensorInfo, source: TensorInfo) -> str:
+def _difference(opened: OpenCheckpoint, target: TensorInfo, source: TensorInfo) -> str:
     """Why two stored tensors are not one: shape, dtype, or the largest difference."""
     if target.shape != source.shape:
         return f"their shapes differ ({list(target.shape)} and {list(source.shape)})"
     if target.dtype != source.dtype:
         return f"their dtypes differ ({target.dtype} and {source.dtype})"
-    worst = max_difference(ckpt, target, source)
+    worst = max_difference(opened, target, source)
     if worst == 0.0:
         return "their bits differ (signed zeros or NaN payloads) although no value differs"
     return f"they differ by up to {worst:.6g}"
 
 
 def flag_companions(
-    ckpt: Checkpoint, rule: LoaderRule, *, retied: Collection[frozenset[str]], dropped: Collection[str]
+    opened: OpenCheckpoint, rule: LoaderRule, *, retied: Collection[frozenset[str]], dropped: Collection[str]
 ) -> list[tuple[str, str]]:
     """``(target, source)`` pairs the flag would tie besides the re-tied ones (``retied``), both
     names still stored and bit for bit equal; refuses when such a pair differs, or when the flag
     may not be set at all (``flag_locked``). Empty when the plan does not set the flag (no re-tied
     pair of the class, or config.json ties them already)."""
+    ckpt = opened.checkpoint
     hits = {pair for pair in rule.class_pairs if frozenset(pair) in retied}
     if not hits or hits <= set(rule.declared):
         return []
@@ -188,12 +203,12 @@ def flag_companions(
         if target not in stored or source not in stored:
             continue
         first, second = ckpt.tensor(target), ckpt.tensor(source)
-        if equal_bytes(ckpt, first, second, comparer):
+        if equal_bytes(opened, first, second, comparer=comparer):
             companions.append((target, source))
             continue
         raise UsageError(
             f"setting tie_word_embeddings in config.json would also tie {target} to {source}, which "
-            f"both stay stored and are not equal: {_difference(ckpt, first, second)}; "
+            f"both stay stored and are not equal: {_difference(opened, first, second)}; "
             "edit the config yourself if the model should tie them",
             ckpt.path,
         )

@@ -39,7 +39,7 @@ class ExternalRange:
     """Number of bytes."""
 
 
-def _parse_int(what: str, key: str, value: str, model_path: str) -> int:
+def _parse_int(what: str, key: str, value: str, *, model_path: str) -> int:
     # At most 20 digits (2**64 has 20): int() refuses more than 4300, and no file is that large.
     if not re.fullmatch(r"[0-9]{1,20}", value):
         raise InputError(f"{what}: external data {key} {quoted(value, 40)} is not a count", model_path)
@@ -122,8 +122,16 @@ class ExternalFiles:
         location = fields.get("location", "")
         if not location:
             raise InputError(f"{what}: external data has no location", self.model_path)
-        offset = _parse_int(what, "offset", fields["offset"], self.model_path) if "offset" in fields else 0
-        given = _parse_int(what, "length", fields["length"], self.model_path) if "length" in fields else None
+        offset = (
+            _parse_int(what, "offset", fields["offset"], model_path=self.model_path)
+            if "offset" in fields
+            else 0
+        )
+        given = (
+            _parse_int(what, "length", fields["length"], model_path=self.model_path)
+            if "length" in fields
+            else None
+        )
         if given is not None and expected is not None and given != expected:
             raise InputError(
                 f"{what}: external data length {given} does not match its shape and dtype ({expected} bytes)",

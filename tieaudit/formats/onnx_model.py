@@ -1,13 +1,12 @@
 """ONNX models: initializers and Constant values as tensors, plus who consumes them.
 
 Tensors come from the main graph and every subgraph (If/Loop/Scan attributes, recursively).
-Embedded bytes are held in memory; external data is located by tieaudit itself (see
-``onnx_external``), never by onnx's loader, so a hostile location cannot make us read outside
-the model's folder. Tensors tieaudit does not read (sparse initializers, other operators'
-attribute tensors, functions, training graphs, skipped dtypes) have their external data
-confined all the same (``onnx_tensors``): a loader given this model would open those files too.
-The consumer map records every node input slot that reads a tensor, resolving names the way
-ONNX scoping does (a subgraph sees its outer graphs' values) and seeing through Identity nodes.
+Embedded bytes are held in memory; external data is located by tieaudit itself (``onnx_external``),
+never by onnx's loader, so a hostile location cannot make us read outside the model's folder.
+Tensors tieaudit does not read (sparse initializers, other attribute tensors, functions, training
+graphs, skipped dtypes) have their external data confined all the same (``onnx_tensors``). The
+consumer map records every node input slot that reads a tensor, resolving names the way ONNX
+scoping does (a subgraph sees its outer graphs' values) and seeing through Identity nodes.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from collections import ChainMap
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from tieaudit.core.bytestore import ByteStore
+from tieaudit.core.bytestore import ByteStore, OpenCheckpoint
 from tieaudit.core.dtypes import itemsize
 from tieaudit.core.errors import InputError, one_line
 from tieaudit.core.escape import quoted
@@ -34,7 +33,7 @@ from tieaudit.core.records import (
 from tieaudit.formats.interface import Reader
 from tieaudit.formats.onnx_external import ExternalFiles
 from tieaudit.formats.onnx_tensors import every_tensor
-from tieaudit.formats.safetensors import TIES_METADATA_KEY, tieaudit_ties
+from tieaudit.formats.tie_records import TIES_METADATA_KEY, tieaudit_ties
 from tieaudit.formats.viewable import MAX_BYTES, MAX_DIMS, check_viewable
 
 if TYPE_CHECKING:
@@ -199,25 +198,33 @@ class _Collector:
         shape = tuple(proto.dims)
         if any(dim < 0 for dim in shape):
             raise InputError(f"tensor {quoted(name)} has a negative dimension {list(shape)}", self.path)
-        check_viewable(name, shape, (), itemsize(dtype), 0, self.path)
+        check_viewable(name, shape, (), itemsize=itemsize(dtype), byte_offset=0, path=self.path)
         numel = bounded_product(shape, MAX_BYTES)
         assert numel is not None  # check_viewable bounds it
         if proto.data_location == onnx.TensorProto.EXTERNAL:
-            storage = self._external(proto, name, dtype, numel * itemsize(dtype))
+            storage = self._external(proto, name, dtype, expected=numel * itemsize(dtype))
         else:
-            storage = self._embedded(proto, name, dtype, numel)
+            storage = self._embedded(proto, name, dtype, numel=numel)
         self.tensors.append(
-            TensorInfo(name, dtype, shape, contiguous_strides(shape), storage.storage_id, 0, storage.file)
+            TensorInfo(
+                name=name,
+                dtype=dtype,
+                shape=shape,
+                strides=contiguous_strides(shape),
+                storage_id=storage.storage_id,
+                byte_offset=0,
+                file=storage.file,
+            )
         )
         self.consumers[name] = []
         return name
 
-    def _embedded(self, proto: TensorProto, name: str, dtype: str, numel: int) -> StorageInfo:
+    def _embedded(self, proto: TensorProto, name: str, dtype: str, *, numel: int) -> StorageInfo:
         expected = numel * itemsize(dtype)
         if proto.HasField("raw_data"):
             data = proto.raw_data
         else:
-            data = self._typed_field_bytes(proto, name, dtype, numel)
+            data = self._typed_field_bytes(proto, name, dtype, numel=numel)
         if len(data) != expected:
             raise InputError(
                 f"tensor {name!r}: shape {list(proto.dims)} of {dtype} needs {expected} bytes, "
@@ -225,11 +232,13 @@ class _Collector:
                 self.path,
             )
         self.store.hold(name, data)
-        storage = StorageInfo(name, self.model_file, -1, expected, dtype)
+        storage = StorageInfo(
+            storage_id=name, file=self.model_file, file_offset=-1, nbytes=expected, dtype=dtype
+        )
         self.storages[name] = storage
         return storage
 
-    def _typed_field_bytes(self, proto: TensorProto, name: str, dtype: str, numel: int) -> bytes:
+    def _typed_field_bytes(self, proto: TensorProto, name: str, dtype: str, *, numel: int) -> bytes:
         from onnx import numpy_helper
 
         try:
@@ -253,14 +262,17 @@ class _Collector:
             for entry in proto.external_data
         ]
 
-    def _external(self, proto: TensorProto, name: str, dtype: str, expected: int) -> StorageInfo:
+    def _external(self, proto: TensorProto, name: str, dtype: str, *, expected: int) -> StorageInfo:
         what = f"initializer {quoted(name)}"
         extent = self.external.extent(what, self._entries(proto, what), expected)
         # Two initializers naming the very same bytes are one storage; an empty range aliases nothing.
         key = (extent.file, extent.offset, extent.length)
         storage_id = self.ranges.setdefault(key, name) if extent.length else name
         if storage_id == name:
-            self.storages[name] = StorageInfo(name, extent.file, extent.offset, extent.length, dtype)
+            file, offset, length = key
+            self.storages[name] = StorageInfo(
+                storage_id=name, file=file, file_offset=offset, nbytes=length, dtype=dtype
+            )
             if extent.file not in self.files:
                 self.files.append(extent.file)
         return self.storages[storage_id]
@@ -346,24 +358,25 @@ class _Collector:
             for slot, value in enumerate(node.input):
                 target = scope.get(value) if value else None
                 if target is not None:
-                    self.consumers[target].append(Consumer(node_name, op_type, slot, label))
+                    use = Consumer(node=node_name, op_type=op_type, slot=slot, graph=label)
+                    self.consumers[target].append(use)
             for sub_path, subgraph in subgraphs(node, prefix + node_name):
                 self.walk(subgraph, sub_path, scope)
 
-    def checkpoint(self, declared: tuple[DeclaredTie, ...] = ()) -> Checkpoint:
-        """The Checkpoint gathered so far."""
-        return Checkpoint(
+    def checkpoint(self, declared: tuple[DeclaredTie, ...] = ()) -> OpenCheckpoint:
+        """The Checkpoint gathered so far, with the store its bytes are read through."""
+        checkpoint = Checkpoint(
             path=self.path,
             format="onnx",
             tensors=tuple(self.tensors),
             storages=self.storages,
-            store=self.store,
             consumers={name: tuple(uses) for name, uses in self.consumers.items()},
             aliases=self.aliases,
             skipped=tuple(self.skipped),
             files=tuple(self.files),
             declared_ties=declared,
         )
+        return OpenCheckpoint(checkpoint, self.store)
 
 
 class OnnxReader(Reader):
@@ -374,7 +387,7 @@ class OnnxReader(Reader):
     def sniff(self, path: str, head: bytes) -> bool:
         return looks_like_model_proto(head) or path.lower().endswith(".onnx")
 
-    def read(self, path: str) -> Checkpoint:
+    def read(self, path: str) -> OpenCheckpoint:
         model = load_model(path)
         collector = _Collector(path)
         collector.walk(model.graph, "", ChainMap())

@@ -197,7 +197,7 @@ class PickleVM:
         except RecursionError:  # defensive: nothing here recurses deeper than MAX_DEPTH
             raise PickleError("nesting too deep") from None
 
-    def _loop(self) -> tuple[object, int]:  # noqa: C901, PLR0912, PLR0915 - one branch per opcode
+    def _loop(self) -> tuple[object, int]:
         data, hooks, end = self.data, self.hooks, len(self.data)
         stack: list[object] = []
         metastack: list[list[object]] = []

@@ -18,21 +18,20 @@ import os
 import struct
 from dataclasses import dataclass
 
-from tieaudit.core.bytestore import ByteStore
-from tieaudit.core.dtypes import ITEMSIZE, itemsize
-from tieaudit.core.errors import InputError, UnsupportedFormatError
+from tieaudit.core.bytestore import ByteStore, OpenCheckpoint
+from tieaudit.core.dtypes import itemsize
+from tieaudit.core.errors import InputError, UnsupportedFormatError, one_line
 from tieaudit.core.escape import quoted
 from tieaudit.core.limits import U64_MAX, bounded_product, shown_dims
 from tieaudit.core.records import (
     Checkpoint,
-    DeclaredBy,
-    DeclaredTie,
     StorageInfo,
     TensorInfo,
     contiguous_strides,
 )
 from tieaudit.formats.interface import Reader
 from tieaudit.formats.safetensors_json import DuplicateKeyError, HeaderJsonError, parse_header_json
+from tieaudit.formats.tie_records import metadata_ties
 from tieaudit.formats.viewable import MAX_DIMS, check_viewable
 
 MAX_HEADER_BYTES = 100_000_000
@@ -65,9 +64,6 @@ UNVIEWED_DTYPES = frozenset({"F4", "F6_E2M3", "F6_E3M2", "F8_E8M0"})
 scales; its torch reader skips the last too). A file holding one is refused by name: skipping the
 tensor would let retie write a copy without it."""
 
-TIES_METADATA_KEY = "tieaudit.ties"
-"""Namespaced metadata key for relations other loaders do not restore (transposed, cast)."""
-
 
 @dataclass(frozen=True)
 class SafetensorsHeader:
@@ -81,7 +77,7 @@ class SafetensorsHeader:
     """The ``__metadata__`` map (empty when absent)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Entry:
     """One tensor entry of the header, its fields checked one by one."""
 
@@ -95,10 +91,6 @@ class _Entry:
     """First byte, relative to the end of the header."""
     end: int
     """One past the last byte, relative to the end of the header."""
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
 
 
 def _is_u64(value: object) -> bool:
@@ -152,7 +144,7 @@ def _parse_entry(name: str, entry: object, path: str) -> _Entry:
     offsets = entry["data_offsets"]
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_u64(o) for o in offsets)):
         raise InputError(f"{tensor} has invalid data_offsets {_shown(offsets)} (two integers)", path)
-    return _Entry(name, dtype, tuple(shape), offsets[0], offsets[1])
+    return _Entry(name=name, dtype=dtype, shape=tuple(shape), begin=offsets[0], end=offsets[1])
 
 
 def _check_span(entry: _Entry, expected_begin: int, path: str) -> None:
@@ -218,7 +210,7 @@ def read_header(path: str, file: str) -> SafetensorsHeader:
     except DuplicateKeyError as exc:
         raise InputError(f"header is ambiguous: {exc}", path) from exc
     except (HeaderJsonError, RecursionError) as exc:
-        raise InputError(f"header is not valid JSON ({_first_line(exc)})", path) from exc
+        raise InputError(f"header is not valid JSON ({one_line(exc, 200)})", path) from exc
     if not isinstance(header, dict):
         raise InputError("header is not a JSON object", path)
     metadata = _metadata(header, path)
@@ -235,9 +227,27 @@ def read_header(path: str, file: str) -> SafetensorsHeader:
         _check_span(entry, expected_begin, path)
         expected_begin = entry.end
         name, dtype, shape = entry.name, entry.dtype, entry.shape
-        storages[name] = StorageInfo(name, file, data_start + entry.begin, entry.end - entry.begin, dtype)
-        check_viewable(name, shape, (), itemsize(dtype), 0, path)  # bounds the strides' products
-        tensors.append(TensorInfo(name, dtype, shape, contiguous_strides(shape), name, 0, file))
+        storages[name] = StorageInfo(
+            storage_id=name,
+            file=file,
+            file_offset=data_start + entry.begin,
+            nbytes=entry.end - entry.begin,
+            dtype=dtype,
+        )
+        check_viewable(
+            name, shape, (), itemsize=itemsize(dtype), byte_offset=0, path=path
+        )  # bounds the strides' products
+        tensors.append(
+            TensorInfo(
+                name=name,
+                dtype=dtype,
+                shape=shape,
+                strides=contiguous_strides(shape),
+                storage_id=name,
+                byte_offset=0,
+                file=file,
+            )
+        )
     if data_start + expected_begin > size:
         raise InputError(
             f"truncated: tensors need {data_start + expected_begin} bytes, the file has {size}", path
@@ -252,53 +262,6 @@ def read_header(path: str, file: str) -> SafetensorsHeader:
     return SafetensorsHeader(tuple(tensors), storages, dict(metadata))
 
 
-def metadata_ties(
-    metadata: dict[str, str], stored: set[str], where: str, declared_by: DeclaredBy
-) -> list[DeclaredTie]:
-    """``{dropped: kept}`` records (safetensors.torch.save_model's convention) as declared ties,
-    plus tieaudit's own ``tieaudit.ties`` record (JSON) for transposed and cast relations."""
-    ties = []
-    for dropped, kept in sorted(metadata.items()):
-        # Other metadata ("format": "pt", ...) names no stored tensor; a tie record always does.
-        if kept in stored and dropped != kept:
-            ties.append(DeclaredTie(dropped, kept, declared_by, where))
-    ties.extend(tieaudit_ties(metadata.get(TIES_METADATA_KEY), where, declared_by))
-    return ties
-
-
-def tieaudit_ties(record: str | None, where: str, declared_by: DeclaredBy) -> list[DeclaredTie]:
-    """Parse a ``tieaudit.ties`` record: ``{dropped: {"source", "relation", "dtype"}}``."""
-    if record is None:
-        return []
-    try:
-        entries = json.loads(record)
-    except (ValueError, RecursionError) as exc:
-        raise InputError(f"{TIES_METADATA_KEY} is not valid JSON ({_first_line(exc)})", where) from exc
-    if not isinstance(entries, dict):
-        raise InputError(f"{TIES_METADATA_KEY} must be a JSON object", where)
-    ties = []
-    for dropped, entry in sorted(entries.items()):
-        if (
-            not isinstance(entry, dict)
-            or not isinstance(entry.get("source"), str)
-            or entry.get("relation") not in ("equal", "transposed", "cast")
-            # str(): a JSON list or object as dtype is unhashable; no such value names a dtype.
-            or (entry["relation"] == "cast" and str(entry.get("dtype")) not in ITEMSIZE)
-        ):
-            raise InputError(f"{TIES_METADATA_KEY} entry for {dropped!r} is malformed", where)
-        ties.append(
-            DeclaredTie(
-                dropped,
-                entry["source"],
-                declared_by,
-                f"{where}:{TIES_METADATA_KEY}",
-                entry["relation"],
-                entry.get("dtype"),
-            )
-        )
-    return ties
-
-
 class SafetensorsReader(Reader):
     """Single safetensors files."""
 
@@ -310,16 +273,18 @@ class SafetensorsReader(Reader):
         (header_len,) = struct.unpack("<Q", head[:8])
         return head[8:9] == b"{" and header_len > 0 or path.endswith(".safetensors")
 
-    def read(self, path: str) -> Checkpoint:
+    def read(self, path: str) -> OpenCheckpoint:
         file = os.path.basename(path)
         header = read_header(path, file)
         stored = {t.name for t in header.tensors}
-        return Checkpoint(
+        checkpoint = Checkpoint(
             path=path,
             format="safetensors",
             tensors=header.tensors,
             storages=header.storages,
-            store=ByteStore(os.path.dirname(os.path.abspath(path))),
-            declared_ties=tuple(metadata_ties(header.metadata, stored, f"{file}:__metadata__", "metadata")),
+            declared_ties=tuple(
+                metadata_ties(header.metadata, stored, f"{file}:__metadata__", declared_by="metadata")
+            ),
             files=(file,),
         )
+        return OpenCheckpoint(checkpoint, ByteStore(os.path.dirname(os.path.abspath(path))))

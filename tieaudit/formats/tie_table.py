@@ -44,7 +44,7 @@ class Switch:
     """The value the config class uses whatever is stated; None when it follows the statement."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SwitchState:
     """One switch as a config.json states it, and the value the class acts on."""
 
@@ -98,7 +98,7 @@ class Unresolved:
     """One clause, e.g. ``text_config.model_type is t5 where the table holds opt``."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Submodel:
     """A PreTrainedModel inside a class, as the generator found it."""
 
@@ -161,7 +161,8 @@ class TableEntry:
     def submodels(self) -> tuple[Submodel, ...]:
         """The PreTrainedModel modules below the top."""
         return tuple(
-            Submodel(s["prefix"], s["class"], s["config"], s["auto"]) for s in self.raw.get("submodels", [])
+            Submodel(prefix=s["prefix"], cls=s["class"], config=s["config"], auto=s["auto"])
+            for s in self.raw.get("submodels", [])
         )
 
     def resolve(self, config: Mapping[str, Any], path: str) -> Answer | Unresolved:
@@ -182,7 +183,7 @@ class TableEntry:
         for level, default_type in sorted(self.raw.get("sub_models", {}).items()):
             other = lookup(config, f"{level}.model_type")
             if isinstance(other, str) and other != default_type:
-                problem = self._other_sub_model(level, default_type, other, substituted)
+                problem = self._other_sub_model(level, default_type, other, substituted=substituted)
                 if problem is not None:
                     return Unresolved(problem)
         differs = None
@@ -195,7 +196,7 @@ class TableEntry:
                     f"its tied names depend on {key}, which config.json sets to {_shown(found)} "
                     f"(the table holds the default, {_shown(value)})"
                 )
-        states = tuple(self._state(switch, config, path, substituted) for switch in self.switches)
+        states = tuple(self._state(switch, config, path, substituted=substituted) for switch in self.switches)
         combo = "".join(state.code for state in states)
         if combo in self.raw.get("refused", []):
             said = [f"{s.switch.path}={_json_bool(s.stated)}" for s in states if s.stated is not None]
@@ -228,7 +229,7 @@ class TableEntry:
         return count
 
     def _other_sub_model(
-        self, level: str, default_type: str, other: str, substituted: dict[str, str]
+        self, level: str, default_type: str, other: str, *, substituted: dict[str, str]
     ) -> str | None:
         """None when a nested config of another model type leaves the answer as the table holds
         it (recording whose default its flag then takes); else why not."""
@@ -256,7 +257,7 @@ class TableEntry:
         return None
 
     def _state(
-        self, switch: Switch, config: Mapping[str, Any], path: str, substituted: dict[str, str]
+        self, switch: Switch, config: Mapping[str, Any], path: str, *, substituted: dict[str, str]
     ) -> SwitchState:
         value = lookup(config, switch.path)
         if value is not None and not isinstance(value, bool):
@@ -267,10 +268,15 @@ class TableEntry:
             if default is None:
                 raise _NeedsStatement(switch.path)
             forced = switch.forced
-            return SwitchState(switch, None, default if forced is None else forced, other)
+            return SwitchState(
+                switch=switch,
+                stated=None,
+                effective=default if forced is None else forced,
+                default_from=other,
+            )
         if switch.forced is not None:
-            return SwitchState(switch, value, switch.forced)
-        return SwitchState(switch, value, switch.default if value is None else value)
+            return SwitchState(switch=switch, stated=value, effective=switch.forced)
+        return SwitchState(switch=switch, stated=value, effective=switch.default if value is None else value)
 
 
 class _NeedsStatement(Exception):

@@ -12,7 +12,7 @@ import reprlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from tieaudit.core.bytestore import ByteStore
+from tieaudit.core.bytestore import ByteStore, OpenCheckpoint
 from tieaudit.core.dtypes import ITEMSIZE, itemsize
 from tieaudit.core.errors import InputError
 from tieaudit.core.records import MAX_KEPT_SKIPPED, Checkpoint, Skipped, StorageInfo, TensorInfo
@@ -169,7 +169,7 @@ def _check_view(name: str, record: TensorRecord, path: str) -> None:
 
 
 def _storage_infos(
-    storages: dict[str, StorageRef], tensors: list[TensorInfo], locate: LocateStorage, file: str
+    storages: dict[str, StorageRef], tensors: list[TensorInfo], locate: LocateStorage, *, file: str
 ) -> dict[str, StorageInfo]:
     # An untyped storage (float8, uint16, ...) takes the dtype of the first tensor viewing it.
     viewed_as: dict[str, str] = {}
@@ -177,15 +177,19 @@ def _storage_infos(
         viewed_as.setdefault(tensor.storage_id, tensor.dtype)
     return {
         key: StorageInfo(
-            key, file, locate(ref), ref.nbytes, ref.dtype if ref.typed else viewed_as.get(key, "uint8")
+            storage_id=key,
+            file=file,
+            file_offset=locate(ref),
+            nbytes=ref.nbytes,
+            dtype=ref.dtype if ref.typed else viewed_as.get(key, "uint8"),
         )
         for key, ref in storages.items()
     }
 
 
 def build_checkpoint(
-    path: str, root: object, storages: dict[str, StorageRef], locate: LocateStorage
-) -> Checkpoint:
+    path: str, root: object, storages: dict[str, StorageRef], *, locate: LocateStorage
+) -> OpenCheckpoint:
     """Turn the unpickled object into a Checkpoint: tensors, storages located in the file, skipped leaves."""
     file = os.path.basename(path)
     tensors: list[TensorInfo] = []
@@ -204,23 +208,38 @@ def build_checkpoint(
                 more += 1
         elif isinstance(record, TensorRecord) and not record.flags and record.dtype in ITEMSIZE:
             offset = record.offset * itemsize(record.dtype)
-            check_viewable(name, record.shape, record.strides, itemsize(record.dtype), offset, path)
+            check_viewable(
+                name,
+                record.shape,
+                record.strides,
+                itemsize=itemsize(record.dtype),
+                byte_offset=offset,
+                path=path,
+            )
             _check_view(name, record, path)
             tensors.append(
-                TensorInfo(name, record.dtype, record.shape, record.strides, record.storage.key, offset, file)
+                TensorInfo(
+                    name=name,
+                    dtype=record.dtype,
+                    shape=record.shape,
+                    strides=record.strides,
+                    storage_id=record.storage.key,
+                    byte_offset=offset,
+                    file=file,
+                )
             )
         elif len(skipped) < MAX_KEPT_SKIPPED:
             skipped.append(Skipped(name, _skip_reason(record)))
         else:
             more += 1
         seen.add(name)
-    return Checkpoint(
+    checkpoint = Checkpoint(
         path=path,
         format="torch",
         tensors=tuple(tensors),
-        storages=_storage_infos(storages, tensors, locate, file),
-        store=ByteStore(os.path.dirname(os.path.abspath(path))),
+        storages=_storage_infos(storages, tensors, locate, file=file),
         skipped=tuple(skipped),
         skipped_more=more,
         files=(file,),
     )
+    return OpenCheckpoint(checkpoint, ByteStore(os.path.dirname(os.path.abspath(path))))

@@ -16,17 +16,17 @@ import os
 import re
 from collections.abc import Iterator
 
+from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.errors import InputError, UnsupportedFormatError
 from tieaudit.core.escape import printable
-from tieaudit.core.records import Checkpoint
 from tieaudit.formats.interface import Reader
+from tieaudit.formats.magic import ZIP_MAGIC
 from tieaudit.formats.pickle_vm import MAX_DEPTH, Truncated
 from tieaudit.formats.torch_checkpoint import ROOT_NAME, LocateStorage, build_checkpoint, flatten, key_name
 from tieaudit.formats.torch_legacy import MAGIC_NUMBER, read_legacy
 from tieaudit.formats.torch_pickle import MAX_PICKLE_BYTES, load_pickle, truncated_error
 from tieaudit.formats.torch_records import StorageRef
 from tieaudit.formats.zip_archive import (
-    LOCAL_MAGIC,
     ZipArchive,
     ZipMember,
     pread,
@@ -37,7 +37,6 @@ from tieaudit.formats.zip_archive import (
 
 __all__ = ["MAX_DEPTH", "MAX_PICKLE_BYTES", "ROOT_NAME", "ZIP_MAGIC", "TorchReader", "flatten", "key_name"]
 
-ZIP_MAGIC = LOCAL_MAGIC
 LEGACY_MAGIC = b"\x8a\x0a" + MAGIC_NUMBER.to_bytes(10, "little")
 """The LONG1 opcode pickling MAGIC_NUMBER, which every legacy file starts with (after PROTO)."""
 MAX_SMALL_RECORD_BYTES = 4096
@@ -75,10 +74,10 @@ def _record(archive: ZipArchive, prefix: str, name: str) -> ZipMember | None:
 
 
 def _small(fd: int, member: ZipMember, path: str) -> bytes:
-    return read_member(fd, member, MAX_SMALL_RECORD_BYTES, path)
+    return read_member(fd, member, MAX_SMALL_RECORD_BYTES, path=path)
 
 
-def _check_records(fd: int, archive: ZipArchive, prefix: str, path: str) -> None:
+def _check_records(fd: int, archive: ZipArchive, prefix: str, *, path: str) -> None:
     """The records torch.load reads before data.pkl, with torch's rules."""
     names = {member.name for member in archive.members}
     if f"{prefix}constants.pkl".encode() in names or any(
@@ -133,12 +132,12 @@ def _zip_locator(archive: ZipArchive, prefix: str, path: str) -> LocateStorage:
 def _read_zip(fd: int, size: int, path: str) -> tuple[object, dict[str, StorageRef], LocateStorage]:
     archive = read_archive(fd, size, path)
     prefix = _prefix(archive, path)
-    _check_records(fd, archive, prefix, path)
+    _check_records(fd, archive, prefix, path=path)
     member = _record(archive, prefix, "data.pkl")
     if member is None:
         raise InputError(f"the archive has no {prefix}data.pkl record", path)
     what = shown(member.name)
-    data = read_member(fd, member, MAX_PICKLE_BYTES, path)
+    data = read_member(fd, member, MAX_PICKLE_BYTES, path=path)
     try:
         root, storages, _ = load_pickle(data, path, what)
     except Truncated:
@@ -189,7 +188,7 @@ class TorchReader(Reader):
     def sniff(self, path: str, head: bytes) -> bool:
         return _is_zip(path, head) or _is_legacy(head)
 
-    def read(self, path: str) -> Checkpoint:
+    def read(self, path: str) -> OpenCheckpoint:
         try:
             with open(path, "rb") as handle, _collector_paused():
                 fd = handle.fileno()
@@ -201,7 +200,7 @@ class TorchReader(Reader):
                     root, storages, locate = read_legacy(fd, size, path)
                 else:
                     raise UnsupportedFormatError("not a torch.save file (neither zip nor legacy magic)", path)
-                return build_checkpoint(path, root, storages, locate)
+                return build_checkpoint(path, root, storages, locate=locate)
         except IsADirectoryError:
             raise InputError("is a folder, not a torch.save file", path) from None
         except OSError as exc:

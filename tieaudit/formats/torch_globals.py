@@ -114,7 +114,12 @@ def _view(args: tuple[object, ...], dtype: str | None, metadata: object = None) 
         bad(f"tensor has {len(shape)} sizes but {len(strides)} strides")
     dtype = dtype or storage.dtype
     return TensorRecord(
-        storage, dtype, check_int(offset, "storage offset"), shape, strides, _flags(metadata, dtype)
+        storage=storage,
+        dtype=dtype,
+        offset=check_int(offset, "storage offset"),
+        shape=shape,
+        strides=strides,
+        flags=_flags(metadata, dtype),
     )
 
 

@@ -45,6 +45,7 @@ def _load_at(
     fd: int,
     start: int,
     size: int,
+    *,
     path: str,
     what: str,
     layout: Layout = "plain",
@@ -79,16 +80,18 @@ def read_legacy(fd: int, size: int, path: str) -> tuple[object, dict[str, Storag
             path,
         )
     header = MAX_HEADER_PICKLE_BYTES
-    magic, _, position = _load_at(fd, 0, size, path, "the magic number", limit=header)
-    version, _, position = _load_at(fd, position, size, path, "the protocol version", limit=header)
+    magic, _, position = _load_at(fd, 0, size, path=path, what="the magic number", limit=header)
+    version, _, position = _load_at(fd, position, size, path=path, what="the protocol version", limit=header)
     if magic != MAGIC_NUMBER or version != PROTOCOL_VERSION:
         raise InputError(f"not a legacy torch file (magic {_shown(magic)}, protocol {_shown(version)})", path)
-    sys_info, _, position = _load_at(fd, position, size, path, "the system info", limit=header)
+    sys_info, _, position = _load_at(fd, position, size, path=path, what="the system info", limit=header)
     if not isinstance(sys_info, dict) or sys_info.get("little_endian") is not True:
         raise UnsupportedFormatError("big-endian (or unmarked) legacy checkpoints are not supported", path)
-    root, storages, position = _load_at(fd, position, size, path, "the object pickle", "legacy")
-    keys, _, position = _load_at(fd, position, size, path, "the storage key list")
-    offsets = _offsets(fd, size, position, keys, storages, path)
+    root, storages, position = _load_at(
+        fd, position, size, path=path, what="the object pickle", layout="legacy"
+    )
+    keys, _, position = _load_at(fd, position, size, path=path, what="the storage key list")
+    offsets = _offsets(fd, size, position, keys=keys, storages=storages, path=path)
 
     def locate(ref: StorageRef) -> int:
         if ref.key not in offsets:
@@ -101,7 +104,7 @@ def read_legacy(fd: int, size: int, path: str) -> tuple[object, dict[str, Storag
 
 
 def _offsets(
-    fd: int, size: int, position: int, keys: object, storages: dict[str, StorageRef], path: str
+    fd: int, size: int, position: int, *, keys: object, storages: dict[str, StorageRef], path: str
 ) -> dict[str, int]:
     if type(keys) is not list or not all(type(key) is str for key in keys) or len(set(keys)) != len(keys):
         raise InputError("the storage key list is not a list of distinct strings", path)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
-from tieaudit.core.errors import InputError, UnsafeInputError, UnsupportedFormatError
+from tieaudit.core.errors import InputError, UnsafeInputError, UnsupportedFormatError, one_line
 from tieaudit.core.escape import printable
 from tieaudit.formats.pickle_vm import PickleError, Truncated, run_pickle
 from tieaudit.formats.torch_globals import ALLOWLIST, NOT_READ
@@ -130,7 +130,11 @@ class TorchHooks:
         if type(location) is not str:
             bad("malformed storage id (its location is not text)")
         ref = StorageRef(
-            key, storage_type.dtype, check_int(numel, "storage numel"), storage_type.typed, location
+            key=key,
+            dtype=storage_type.dtype,
+            numel=check_int(numel, "storage numel"),
+            typed=storage_type.typed,
+            location=location,
         )
         known = self.storages.setdefault(key, ref)
         if (known.dtype, known.numel, known.typed) != (ref.dtype, ref.numel, ref.typed):
@@ -158,7 +162,9 @@ def load_pickle(
     except Truncated:
         raise
     except PickleError as exc:
-        raise InputError(f"{what} is not a valid torch pickle ({printable(str(exc))[:300]})", path) from None
+        raise InputError(
+            f"{what} is not a valid torch pickle ({one_line(exc, 300, escaped=True)})", path
+        ) from None
     return root, hooks.storages, end
 
 

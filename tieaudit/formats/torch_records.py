@@ -41,7 +41,7 @@ class DtypeToken:
     """torch's spelling, e.g. float8_e4m3fn."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StorageRef:
     """A storage as a persistent id describes it."""
 
@@ -62,7 +62,7 @@ class StorageRef:
         return self.numel * ITEMSIZE[self.dtype]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TensorRecord:
     """What a tensor rebuild call describes: a strided view into one storage."""
 

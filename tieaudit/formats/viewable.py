@@ -18,7 +18,7 @@ MAX_BYTES = NPY_INTP_MAX
 
 
 def check_viewable(
-    name: str, shape: Sequence[int], strides: Sequence[int], itemsize: int, byte_offset: int, path: str
+    name: str, shape: Sequence[int], strides: Sequence[int], *, itemsize: int, byte_offset: int, path: str
 ) -> None:
     """Raise InputError unless a numpy view of this shape, strides and offset can exist."""
     if len(shape) > MAX_DIMS:

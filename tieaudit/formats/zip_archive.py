@@ -16,6 +16,7 @@ Rather than choose one reading, this module accepts only archives on which every
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import struct
 import zlib
@@ -57,7 +58,7 @@ def shown(name: bytes) -> str:
     return printable(name.decode("utf-8", "surrogateescape"))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ZipMember:
     """One member, located and checked."""
 
@@ -176,7 +177,7 @@ def _end_records(fd: int, size: int, path: str) -> tuple[int, int, int, int]:
     return total64, cd_size64, cd_offset64, end
 
 
-def _zip64_fields(extra: bytes, wanted: list[str], path: str, name: bytes) -> dict[str, int]:
+def _zip64_fields(extra: bytes, wanted: list[str], path: str, *, name: bytes) -> dict[str, int]:
     """The zip64 extended-information values for the 0xFFFFFFFF fields, in the spec's order."""
     found: dict[str, int] = {}
     position = 0
@@ -216,17 +217,27 @@ def _central_members(directory: bytes, count: int, path: str) -> list[tuple[ZipM
         wanted = [k for k, v in (("size", usize), ("csize", csize), ("offset", offset)) if v == _MARKER32]
         if wanted or extra_len:
             extra = directory[start + name_len : start + name_len + extra_len]
-            big = _zip64_fields(extra, wanted, path, name)
+            big = _zip64_fields(extra, wanted, path, name=name)
             usize, csize, offset = big.get("size", usize), big.get("csize", csize), big.get("offset", offset)
-        _check_entry(name, flags, method, disk, external, csize, usize, path)
-        members.append((ZipMember(name, method, flags, crc, csize, usize, offset, -1), bool(wanted)))
+        _check_entry(name, flags, method, disk=disk, external=external, csize=csize, usize=usize, path=path)
+        member = ZipMember(
+            name=name,
+            method=method,
+            flags=flags,
+            crc=crc,
+            compressed_size=csize,
+            size=usize,
+            header_offset=offset,
+            data_offset=-1,
+        )
+        members.append((member, bool(wanted)))
     if position != len(directory):
         raise _fail("the zip central directory has bytes no entry covers", path)
     return members
 
 
 def _check_entry(
-    name: bytes, flags: int, method: int, disk: int, external: int, csize: int, usize: int, path: str
+    name: bytes, flags: int, method: int, *, disk: int, external: int, csize: int, usize: int, path: str
 ) -> None:
     if not name or b"\x00" in name:
         raise _member(name, f"has an empty name or a NUL byte in it; {_AMBIGUOUS}", path)
@@ -247,7 +258,7 @@ def _check_entry(
         raise _member(name, "declares sizes that cannot both be right", path)
 
 
-def _local(read: ReadAt, member: ZipMember, zip64: bool, size: int, path: str) -> ZipMember:
+def _local(read: ReadAt, member: ZipMember, zip64: bool, *, size: int, path: str) -> ZipMember:
     """The member with its data offset, after checking its local header agrees with the central one."""
     if member.header_offset + _LOCAL.size + len(member.name) > size:
         raise _member(member.name, "starts past the end of the file", path)
@@ -261,21 +272,11 @@ def _local(read: ReadAt, member: ZipMember, zip64: bool, size: int, path: str) -
     expected = (member.crc, member.compressed_size, member.size)
     if (csize, usize) == (_MARKER32, _MARKER32) and zip64:
         extra = read(extra_len, member.header_offset + _LOCAL.size + name_len)
-        big = _zip64_fields(extra, ["size", "csize"], path, member.name)
+        big = _zip64_fields(extra, ["size", "csize"], path, name=member.name)
         declared = (crc, big["csize"], big["size"])
     if declared != expected and not (flags & _DESCRIPTOR and declared == (0, 0, 0)):
         raise _member(member.name, f": local and central headers disagree on its size; {_AMBIGUOUS}", path)
-    data_offset = member.header_offset + _LOCAL.size + name_len + extra_len
-    name, method, flags, crc, csize, usize, offset = (
-        member.name,
-        member.method,
-        member.flags,
-        member.crc,
-        member.compressed_size,
-        member.size,
-        member.header_offset,
-    )
-    return ZipMember(name, method, flags, crc, csize, usize, offset, data_offset)
+    return dataclasses.replace(member, data_offset=member.header_offset + _LOCAL.size + name_len + extra_len)
 
 
 def _descriptor_ok(read: ReadAt, member: ZipMember, gap: int) -> bool:
@@ -288,7 +289,7 @@ def _descriptor_ok(read: ReadAt, member: ZipMember, gap: int) -> bool:
     return len(raw) == 20 and struct.unpack("<IQQ", raw) == (member.crc, member.compressed_size, member.size)
 
 
-def _tile(read: ReadAt, members: list[ZipMember], cd_offset: int, path: str) -> None:
+def _tile(read: ReadAt, members: list[ZipMember], cd_offset: int, *, path: str) -> None:
     """Every byte before the central directory belongs to exactly one record."""
     ordered = sorted(members, key=lambda m: m.header_offset)
     if not ordered or ordered[0].header_offset != 0:
@@ -350,12 +351,12 @@ def read_archive(fd: int, size: int, path: str) -> ZipArchive:
     for member, zip64 in central:
         if member.header_offset >= cd_offset or member.compressed_size > cd_offset:
             raise _fail(f"zip member {shown(member.name)!r} lies outside the archive's records", path)
-        members.append(_local(read, member, zip64, cd_offset, path))
-    _tile(read, members, cd_offset, path)
+        members.append(_local(read, member, zip64, size=cd_offset, path=path))
+    _tile(read, members, cd_offset, path=path)
     return ZipArchive(tuple(members), _fold(members, path))
 
 
-def read_member(fd: int, member: ZipMember, limit: int, path: str) -> bytes:
+def read_member(fd: int, member: ZipMember, limit: int, *, path: str) -> bytes:
     """The member's bytes (inflated when deflated), refusing more than limit or a likely zip bomb."""
     if member.size > limit:
         raise _member(member.name, f"is larger than {limit} bytes", path)

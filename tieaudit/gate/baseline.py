@@ -67,14 +67,14 @@ class Entry:
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def entry(path: str, rule: str, names: Sequence[str], root: str) -> Entry:
+def entry(path: str, rule: str, names: Sequence[str], *, root: str) -> Entry:
     """The baseline entry for a finding of the checkpoint at path."""
     return Entry(posix_relative(path, root), rule, tuple(sorted(names)))
 
 
-def fingerprint(path: str, rule: str, names: Sequence[str], root: str) -> str:
+def fingerprint(path: str, rule: str, names: Sequence[str], *, root: str) -> str:
     """The finding's identity across runs (hex sha256)."""
-    return entry(path, rule, names, root).fingerprint
+    return entry(path, rule, names, root=root).fingerprint
 
 
 def _parse(path: str) -> Any:
@@ -128,7 +128,7 @@ def baseline_text(entries: Iterable[Entry]) -> str:
 def write_baseline(path: str, audits: Iterable[Audit]) -> int:
     """Accept every finding of the audits into a baseline file at path; returns the count."""
     root = os.path.dirname(os.path.abspath(path))
-    entries = {entry(a.graph.checkpoint.path, f.rule, f.names, root) for a in audits for f in a.findings}
+    entries = {entry(a.graph.checkpoint.path, f.rule, f.names, root=root) for a in audits for f in a.findings}
     from tieaudit.core.atomic import write_text_atomic
 
     write_text_atomic(path, baseline_text(entries))

@@ -15,20 +15,17 @@ from dataclasses import dataclass
 
 from tieaudit.audit import Audit, audit_path
 from tieaudit.core.errors import TieauditError, UsageError
-from tieaudit.core.units import human_bytes
+from tieaudit.core.exit_codes import ExitCode
 from tieaudit.gate.baseline import Baseline, fingerprint
 from tieaudit.gate.discover import PathError, discover
 from tieaudit.gate.progress import ProgressBar
+from tieaudit.rules.finding import Finding, Severity
 from tieaudit.rules.policy import Policy
-from tieaudit.rules.registry import RULES, SEVERITY_RANK, Finding, Severity
 
-__all__ = ["EXIT_CLEAN", "EXIT_ERROR", "EXIT_FINDINGS", "CheckResult", "Checked", "PathError", "run_check"]
+__all__ = ["CheckResult", "CheckSummary", "Checked", "PathError", "run_check"]
 
-EXIT_CLEAN = 0
-EXIT_FINDINGS = 1
-EXIT_ERROR = 2
 PRELOAD = (
-    "tieaudit.rules.evaluate",
+    "tieaudit.rules.registry",
     "tieaudit.formats.safetensors",
     "tieaudit.formats.torch_file",
     "tieaudit.formats.onnx_model",
@@ -42,7 +39,7 @@ Outcomes = list[Audit | PathError]
 """One per path of the Work, in its order."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Checked:
     """One audited checkpoint and the gate's view of it."""
 
@@ -68,7 +65,7 @@ class Checked:
         return tuple(f for f, accepted in findings if not accepted and id(f) in failing)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CheckResult:
     """Every checkpoint audited, the paths that could not be, and the verdict."""
 
@@ -88,54 +85,59 @@ class CheckResult:
         """The audits alone."""
         return tuple(c.audit for c in self.checked)
 
-    def exit_code(self) -> int:
-        """2 when incomplete or nothing was audited, else 1 when a path fails, else 0."""
+    def exit_code(self, *, writing_baseline: bool = False, exit_zero: bool = False) -> ExitCode:
+        """The gate's verdict. BAD_INPUT when the audit is incomplete or nothing was audited, whatever
+        else holds; else OK when writing a baseline (every finding is being accepted) or, with
+        exit_zero, whatever was found; else FINDINGS when a path fails, else OK."""
         if self.errors or not self.checked:
-            return EXIT_ERROR
-        return EXIT_FINDINGS if any(c.failing for c in self.checked) else EXIT_CLEAN
+            return ExitCode.BAD_INPUT
+        if writing_baseline or exit_zero:
+            return ExitCode.OK
+        return ExitCode.FINDINGS if any(c.failing for c in self.checked) else ExitCode.OK
 
-    def summary(self) -> dict[str, int]:
+    def summary(self) -> CheckSummary:
         """Counts for the closing line and the check/1 document."""
-        return {
-            "checkpoints": len(self.checked),
-            "failing": sum(bool(c.failing) for c in self.checked),
-            "errors": len(self.errors),
-            "findings": sum(len(c.audit.findings) for c in self.checked),
-            "baselined": sum(sum(c.baselined) for c in self.checked),
-            "stale_baseline_entries": self.stale,
-            "wasted_bytes": sum(c.audit.summary()["wasted_bytes"] for c in self.checked),
-        }
+        return CheckSummary(
+            checkpoints=len(self.checked),
+            failing=sum(bool(c.failing) for c in self.checked),
+            errors=len(self.errors),
+            findings=sum(len(c.audit.findings) for c in self.checked),
+            baselined=sum(sum(c.baselined) for c in self.checked),
+            stale_baseline_entries=self.stale,
+            wasted_bytes=sum(c.audit.summary().wasted_bytes for c in self.checked),
+        )
 
 
-def cap_finding(audit: Audit, policy: Policy) -> Finding | None:
-    """TIE009 when the checkpoint's findings waste more than max-wasted-bytes."""
-    cap, wasted = policy.max_wasted_bytes, audit.summary()["wasted_bytes"]
-    if cap is None or wasted <= cap or "TIE009" in policy.ignore:
-        return None
-    names = sorted({name for f in audit.findings if f.wasted_bytes for name in f.names})
-    return Finding(
-        "TIE009",
-        policy.severity.get("TIE009", RULES["TIE009"].severity),
-        tuple(names),
-        f"copies waste {human_bytes(wasted)} ({wasted} bytes), more than the policy's "
-        f"max-wasted-bytes of {human_bytes(cap)} ({cap} bytes).",
-        fix=f"re-tie the copies (tieaudit retie {audit.graph.checkpoint.path} OUT) or raise max-wasted-bytes",
-        details={"wasted_bytes": wasted, "max_wasted_bytes": cap},
-    )
+@dataclass(frozen=True, kw_only=True)
+class CheckSummary:
+    """Counts over every path of one check."""
+
+    checkpoints: int
+    """Checkpoints audited."""
+    failing: int
+    """Checkpoints with a finding at or above their fail-on that no baseline accepts."""
+    errors: int
+    """Paths that could not be audited or listed."""
+    findings: int
+    """Findings over every checkpoint."""
+    baselined: int
+    """Findings the baseline accepts."""
+    stale_baseline_entries: int
+    """Baseline entries no current finding matched."""
+    wasted_bytes: int
+    """Bytes the files spend on copies, over every checkpoint."""
+
+    def as_dict(self) -> dict[str, int]:
+        """The check/1 document's summary block."""
+        return dataclasses.asdict(self)
 
 
 def audit_one(path: str, policy: Policy) -> Audit | PathError:
     """Audit one checkpoint under its policy; bad input becomes a PathError (runs in a worker)."""
     try:
-        audit = audit_path(path, policy)
+        return audit_path(path, policy)
     except TieauditError as exc:
         return PathError(path, exc.message if exc.path else str(exc))
-    capped = cap_finding(audit, policy)
-    if capped is None:
-        return audit
-    # the order rules.evaluate gives: most severe first, then by rule
-    findings = sorted((*audit.findings, capped), key=lambda f: (-SEVERITY_RANK[f.severity], f.rule))
-    return dataclasses.replace(audit, findings=tuple(findings))
 
 
 def _quiet_worker() -> None:
@@ -237,6 +239,7 @@ def default_jobs() -> int:
 def run_check(
     arguments: Sequence[str],
     policy: Policy,
+    *,
     exclude: Sequence[str] = (),
     jobs: int = 1,
     baseline: Baseline | None = None,
@@ -259,10 +262,23 @@ def run_check(
             errors.append(outcome)
             continue
         prints = tuple(
-            fingerprint(outcome.graph.checkpoint.path, f.rule, f.names, fingerprint_root)
+            fingerprint(outcome.graph.checkpoint.path, f.rule, f.names, root=fingerprint_root)
             for f in outcome.findings
         )
         seen.update(prints)
-        checked.append(Checked(outcome, path_policy.fail_on, prints, tuple(p in accepted for p in prints)))
+        checked.append(
+            Checked(
+                audit=outcome,
+                fail_on=path_policy.fail_on,
+                fingerprints=prints,
+                baselined=tuple(p in accepted for p in prints),
+            )
+        )
     single = len(arguments) == 1 and len(found.targets) == 1 and found.targets[0].explicit
-    return CheckResult(tuple(checked), tuple(errors), single, baseline, len(accepted - seen))
+    return CheckResult(
+        checked=tuple(checked),
+        errors=tuple(errors),
+        single=single,
+        baseline=baseline,
+        stale=len(accepted - seen),
+    )

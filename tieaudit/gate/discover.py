@@ -16,14 +16,14 @@ from dataclasses import dataclass
 
 from tieaudit.core.errors import UsageError
 from tieaudit.core.globs import compile_glob, glob_matches, posix_relative
+from tieaudit.formats.hf_dir import SAFE_INDEX, TORCH_INDEX, TORCH_SINGLE
+from tieaudit.formats.hf_ties import CONFIG
+from tieaudit.formats.magic import might_be_torch
+from tieaudit.repair.publish import STAGE_INFIX
 
 __all__ = ["Discovery", "PathError", "Target", "discover", "glob_matches", "posix_relative"]
 
 CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".onnx")
-MODEL_MARKERS = ("config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json")
-"""A folder holding one of these next to weights is one Hugging Face model."""
-STAGE_MARK = ".tieaudit-stage-"
-"""retie's temporary outputs (hidden too; named here so a rename never lets one through)."""
 LINK_OUTSIDE = "is a link to a file outside the folder searched; name it on the command line to audit it"
 
 
@@ -58,7 +58,8 @@ class Discovery:
 
 
 def _skipped_name(name: str) -> bool:
-    return name.startswith(".") or STAGE_MARK in name
+    # retie's staging folders are hidden too; named here so that a rename never lets one through
+    return name.startswith(".") or STAGE_INFIX in name
 
 
 def _holds_torch_data(path: str) -> bool:
@@ -69,22 +70,24 @@ def _holds_torch_data(path: str) -> bool:
             head = handle.read(4)
     except OSError:
         return True  # let the audit report why it cannot be read
-    return head.startswith(b"PK\x03\x04") or (len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5)
+    return might_be_torch(head)
 
 
-def _names(path: str) -> set[str]:
-    try:
-        return set(os.listdir(path))
-    except OSError:
-        return set()
+MODEL_MARKERS = (CONFIG, SAFE_INDEX, TORCH_INDEX)
+"""A folder holding one of these next to weights is one Hugging Face model (names as formats.hf_dir
+reads them)."""
 
 
 def is_model_folder(path: str) -> bool:
-    """A Hugging Face model folder: config.json or a shard index, next to weight files."""
-    names = _names(path)
+    """A Hugging Face model folder: config.json or a shard index, next to weight files (a shard
+    index alone counts: its shards are what it lists)."""
+    try:
+        names = set(os.listdir(path))
+    except OSError:
+        return False
     if not names.intersection(MODEL_MARKERS):
         return False
-    weights = (n for n in names if n.endswith(".safetensors") or n == "pytorch_model.bin")
+    weights = (n for n in names if n.endswith(".safetensors") or n == TORCH_SINGLE)
     return any(weights) or bool(names.intersection(MODEL_MARKERS[1:]))
 
 
@@ -190,7 +193,7 @@ class _Walk:
                 self.stack.pop()
                 # a config.json folder holding nothing to audit (no weights, no ONNX export beside
                 # it) is one target: its audit says what is missing
-                if self.found == folder.found_before and "config.json" in _names(folder.path):
+                if self.found == folder.found_before and os.path.lexists(os.path.join(folder.path, CONFIG)):
                     yield self._target(folder.path)
                 continue
             if _skipped_name(entry.name) or self._excluded(entry):

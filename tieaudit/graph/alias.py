@@ -29,7 +29,7 @@ class PairRelation:
     """identical, transposed (2-D, reversed shape and strides), overlapping or disjoint."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AliasGroup:
     """Two or more names viewing one storage."""
 
@@ -49,16 +49,16 @@ class AliasGroup:
     """True when more pairs of touching views exist than MAX_LISTED_PAIRS (the relation still counts them)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TieState:
     """A declared tie as the stored tensors realise it."""
 
     tie: DeclaredTie
     """The declaration."""
-    target_stored: bool
-    """The target name has its own entry in the files."""
-    source_stored: bool
-    """The source name has its own entry in the files."""
+    dropped_stored: bool
+    """The dropped name has its own entry in the files."""
+    kept_stored: bool
+    """The kept name has its own entry in the files."""
     shared_storage: bool
     """Both are stored and view the same storage (a real tie on disk)."""
 
@@ -101,7 +101,8 @@ def relate(first: TensorInfo, second: TensorInfo) -> Relation:
         return "transposed"
     start_a, end_a = first.byte_span()
     start_b, end_b = second.byte_span()
-    return "overlapping" if start_a < end_b and start_b < end_a else "disjoint"
+    both_view_bytes = start_a < end_a and start_b < end_b  # an empty view touches nothing
+    return "overlapping" if both_view_bytes and start_a < end_b and start_b < end_a else "disjoint"
 
 
 MAX_LISTED_PAIRS = 10_000
@@ -142,7 +143,14 @@ def _group(storage_id: str, tensors: list[TensorInfo], nbytes: int) -> AliasGrou
     relation = max((p.relation for p in pairs), key=_PRIORITY.__getitem__, default=disjoint)
     listed = tuple(pairs[:MAX_LISTED_PAIRS])
     names = tuple(t.name for t in tensors)
-    return AliasGroup(storage_id, names, relation, nbytes, listed, len(pairs) > MAX_LISTED_PAIRS)
+    return AliasGroup(
+        storage_id=storage_id,
+        names=names,
+        relation=relation,
+        nbytes=nbytes,
+        pairs=listed,
+        pairs_truncated=len(pairs) > MAX_LISTED_PAIRS,
+    )
 
 
 def tie_states(checkpoint: Checkpoint, ties: tuple[DeclaredTie, ...]) -> tuple[TieState, ...]:
@@ -150,9 +158,16 @@ def tie_states(checkpoint: Checkpoint, ties: tuple[DeclaredTie, ...]) -> tuple[T
     storage_of = {t.name: t.storage_id for t in checkpoint.tensors}
     states = []
     for tie in ties:
-        target, source = storage_of.get(tie.target), storage_of.get(tie.source)
+        target, source = storage_of.get(tie.dropped), storage_of.get(tie.kept)
         shared = target is not None and target == source
-        states.append(TieState(tie, target is not None, source is not None, shared))
+        states.append(
+            TieState(
+                tie=tie,
+                dropped_stored=target is not None,
+                kept_stored=source is not None,
+                shared_storage=shared,
+            )
+        )
     return tuple(states)
 
 

@@ -14,8 +14,9 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import xxhash
 
+from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.dtypes import itemsize, to_numpy
-from tieaudit.core.records import Checkpoint, TensorInfo
+from tieaudit.core.records import TensorInfo
 
 BLOCK_BYTES = 16 << 20
 SAMPLE_COUNT = 16  # enough to tell random matrices apart; exact comparison decides
@@ -40,20 +41,19 @@ def _as_rows(array: np.ndarray) -> np.ndarray:
     return array.reshape(1) if array.ndim == 0 else array
 
 
-def iter_blocks(ckpt: Checkpoint, tensor: TensorInfo, rows: int) -> Iterator[tuple[int, np.ndarray]]:
+def iter_blocks(opened: OpenCheckpoint, tensor: TensorInfo, rows: int) -> Iterator[tuple[int, np.ndarray]]:
     """(first row, block) along axis 0; releases each block's pages once the caller moves on."""
-    array = _as_rows(ckpt.array(tensor))
-    storage = ckpt.storages[tensor.storage_id]
+    array = _as_rows(opened.array(tensor))
     contiguous = _is_contiguous(tensor)
     row_bytes = array[0:1].nbytes if len(array) else 0
     for first in range(0, len(array), rows):
         yield first, array[first : first + rows]
         if contiguous:
             start = tensor.byte_offset + first * row_bytes
-            ckpt.store.drop(storage, start, start + rows * row_bytes)
+            opened.release(tensor, start, start + rows * row_bytes)
     if not contiguous:
         begin, end = tensor.byte_span()
-        ckpt.store.drop(storage, begin, end)
+        opened.release(tensor, begin, end)
 
 
 def _libc_memcmp() -> Callable[[int, int, int], int] | None:
@@ -101,45 +101,49 @@ class BlockComparer:
         return self._left[:count] == self._right[:count]
 
 
-def equal_bytes(ckpt: Checkpoint, first: TensorInfo, second: TensorInfo, comparer: BlockComparer) -> bool:
+def equal_bytes(
+    opened: OpenCheckpoint, first: TensorInfo, second: TensorInfo, *, comparer: BlockComparer
+) -> bool:
     """Same shape, same dtype, same bytes."""
     if first.shape != second.shape or first.dtype != second.dtype:
         return False
     rows = _rows_per_block(first)
-    pairs = zip(iter_blocks(ckpt, first, rows), iter_blocks(ckpt, second, rows), strict=True)
+    pairs = zip(iter_blocks(opened, first, rows), iter_blocks(opened, second, rows), strict=True)
     return all(comparer.same(a, b) for (_, a), (_, b) in pairs)
 
 
 def transposed_bytes(
-    ckpt: Checkpoint, first: TensorInfo, second: TensorInfo, comparer: BlockComparer
+    opened: OpenCheckpoint, first: TensorInfo, second: TensorInfo, *, comparer: BlockComparer
 ) -> bool:
     """second == first.T bit for bit (2-D, same dtype), compared one block of first's rows at a time."""
     if len(first.shape) != 2 or first.shape != second.shape[::-1] or first.dtype != second.dtype:
         return False
-    other = ckpt.array(second)
-    for row, block in iter_blocks(ckpt, first, _rows_per_block(first)):
+    other = opened.array(second)
+    for row, block in iter_blocks(opened, first, _rows_per_block(first)):
         if not comparer.same(block, other[:, row : row + len(block)].T):
             return False
     begin, end = second.byte_span()
-    ckpt.store.drop(ckpt.storages[second.storage_id], begin, end)
+    opened.release(second, begin, end)
     return True
 
 
-def cast_bytes(ckpt: Checkpoint, wide: TensorInfo, narrow: TensorInfo, comparer: BlockComparer) -> bool:
+def cast_bytes(
+    opened: OpenCheckpoint, wide: TensorInfo, narrow: TensorInfo, *, comparer: BlockComparer
+) -> bool:
     """narrow == wide cast to narrow's dtype (round to nearest even, as torch's .to() does)."""
     if wide.shape != narrow.shape or itemsize(wide.dtype) <= itemsize(narrow.dtype):
         return False
     target = to_numpy(narrow.dtype)
     rows = _rows_per_block(wide)
-    pairs = zip(iter_blocks(ckpt, wide, rows), iter_blocks(ckpt, narrow, rows), strict=True)
+    pairs = zip(iter_blocks(opened, wide, rows), iter_blocks(opened, narrow, rows), strict=True)
     with np.errstate(all="ignore"):  # a value out of the narrow type's range casts to inf: not equal
         return all(comparer.same(a.astype(target), b) for (_, a), (_, b) in pairs)
 
 
-def full_hash(ckpt: Checkpoint, tensor: TensorInfo) -> bytes:
+def full_hash(opened: OpenCheckpoint, tensor: TensorInfo) -> bytes:
     """xxh3-128 of the tensor's bytes in row-major order."""
     hasher = xxhash.xxh3_128()
-    for _, block in iter_blocks(ckpt, tensor, _rows_per_block(tensor)):
+    for _, block in iter_blocks(opened, tensor, _rows_per_block(tensor)):
         hasher.update(np.ascontiguousarray(block).view(np.uint8).data)
     return hasher.digest()
 
@@ -151,10 +155,10 @@ def sample_positions(shape: tuple[int, ...], count: int = SAMPLE_COUNT) -> tuple
     return tuple(np.unravel_index(flat, shape)) if shape else ()
 
 
-def sample(ckpt: Checkpoint, tensor: TensorInfo, transposed: bool = False) -> np.ndarray:
+def sample(opened: OpenCheckpoint, tensor: TensorInfo, transposed: bool = False) -> np.ndarray:
     """Sampled elements; with transposed, sampled at the positions of the transposed shape."""
     if not tensor.shape:
-        return ckpt.array(tensor).reshape(1).copy()
+        return opened.array(tensor).reshape(1).copy()
     if transposed:
         rows, cols = sample_positions(tensor.shape[::-1])
         index: tuple[np.ndarray, ...] = (cols, rows)
@@ -163,13 +167,13 @@ def sample(ckpt: Checkpoint, tensor: TensorInfo, transposed: bool = False) -> np
     size = itemsize(tensor.dtype)
     element = sum((i * s for i, s in zip(index, tensor.strides, strict=True)), np.zeros(1, np.int64))
     offsets = (tensor.byte_offset + element * size).tolist()
-    data = ckpt.store.gather(ckpt.storages[tensor.storage_id], offsets, size)
+    data = opened.store.gather(opened.storage(tensor), offsets, size)
     return np.frombuffer(data, dtype=to_numpy(tensor.dtype))
 
 
-def is_constant(ckpt: Checkpoint, tensor: TensorInfo) -> bool:
+def is_constant(opened: OpenCheckpoint, tensor: TensorInfo) -> bool:
     """Every element has the same bytes (LayerNorm ones, zero biases, zero-initialised LoRA B)."""
-    array = _as_rows(ckpt.array(tensor))
+    array = _as_rows(opened.array(tensor))
     if array.size == 0:
         return True
     size = array.dtype.itemsize
@@ -178,16 +182,16 @@ def is_constant(ckpt: Checkpoint, tensor: TensorInfo) -> bool:
     def uniform(block: np.ndarray) -> bool:
         return bool((np.ascontiguousarray(block).view(np.uint8).reshape(-1, size) == first).all())
 
-    return all(uniform(block) for _, block in iter_blocks(ckpt, tensor, _rows_per_block(tensor)))
+    return all(uniform(block) for _, block in iter_blocks(opened, tensor, _rows_per_block(tensor)))
 
 
-def difference(ckpt: Checkpoint, first: TensorInfo, second: TensorInfo) -> tuple[float, float]:
+def difference(opened: OpenCheckpoint, first: TensorInfo, second: TensorInfo) -> tuple[float, float]:
     """(max absolute difference, fraction of elements whose bytes differ) of two same-shape tensors."""
     rows = _rows_per_block(first)
     worst = 0.0
     differing = 0
     for (_, left), (_, right) in zip(
-        iter_blocks(ckpt, first, rows), iter_blocks(ckpt, second, rows), strict=True
+        iter_blocks(opened, first, rows), iter_blocks(opened, second, rows), strict=True
     ):
         # complex128 holds every dtype's values (a complex tensor's too, without ComplexWarning);
         # overflow and inf - inf are part of the answer, not warnings.

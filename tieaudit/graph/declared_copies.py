@@ -10,13 +10,16 @@ group names as a target (the name the model class loads), else the first name.
 
 from __future__ import annotations
 
+from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.components import Components
 from tieaudit.graph.alias import AliasGraph
 from tieaudit.graph.compare import BlockComparer, equal_bytes
 from tieaudit.graph.detect import CopyGroup, CopyMember
 
 
-def declared_copy_groups(graph: AliasGraph, covered: frozenset[str]) -> list[CopyGroup]:
+def declared_copy_groups(
+    graph: AliasGraph, opened: OpenCheckpoint, covered: frozenset[str]
+) -> list[CopyGroup]:
     """Equal-byte declared pairs stored in separate storage, none of whose names is covered (already
     in a group the search found), merged into connected groups."""
     ckpt = graph.checkpoint
@@ -26,14 +29,14 @@ def declared_copy_groups(graph: AliasGraph, covered: frozenset[str]) -> list[Cop
     targets: set[str] = set()
     for state in graph.ties:
         tie = state.tie
-        if not (state.target_stored and state.source_stored) or state.shared_storage:
+        if not (state.dropped_stored and state.kept_stored) or state.shared_storage:
             continue
-        if tie.target in covered or tie.source in covered or joined.same(tie.target, tie.source):
+        if tie.dropped in covered or tie.kept in covered or joined.same(tie.dropped, tie.kept):
             continue  # a copy group already, or joined through other pairs, whose bytes were equal
-        if equal_bytes(ckpt, ckpt.tensor(tie.source), ckpt.tensor(tie.target), comparer):
-            joined.join(tie.target, tie.source)
-            sources.add(tie.source)
-            targets.add(tie.target)
+        if equal_bytes(opened, ckpt.tensor(tie.kept), ckpt.tensor(tie.dropped), comparer=comparer):
+            joined.join(tie.dropped, tie.kept)
+            sources.add(tie.kept)
+            targets.add(tie.dropped)
     groups = []
     for names in joined.groups():
         if len(names) < 2:
@@ -44,7 +47,11 @@ def declared_copy_groups(graph: AliasGraph, covered: frozenset[str]) -> list[Cop
         groups.append(
             CopyGroup(
                 kept,
-                tuple(CopyMember(n, "equal", False, ckpt.tensor(n).nbytes) for n in ordered if n != kept),
+                tuple(
+                    CopyMember(name=n, relation="equal", transposed=False, nbytes=ckpt.tensor(n).nbytes)
+                    for n in ordered
+                    if n != kept
+                ),
             )
         )
     return sorted(groups, key=lambda g: g.names)

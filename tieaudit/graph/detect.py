@@ -15,8 +15,10 @@ from typing import Literal
 
 import numpy as np
 
+from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.dtypes import FLOATS, itemsize, to_numpy
 from tieaudit.core.records import Checkpoint, TensorInfo
+from tieaudit.graph import DEFAULT_MIN_BYTES
 from tieaudit.graph.compare import (
     BlockComparer,
     cast_bytes,
@@ -29,10 +31,14 @@ from tieaudit.graph.compare import (
 
 CopyRelation = Literal["equal", "transposed", "cast"]
 ALL_RELATIONS: frozenset[str] = frozenset({"equal", "transposed", "cast"})
-DEFAULT_MIN_BYTES = 1024
 
 
-@dataclass(frozen=True)
+def copy_relation(*, transposed: bool, cast: bool) -> CopyRelation:
+    """A copy's relation to the kept tensor: cast whatever its orientation, else transposed or equal."""
+    return "cast" if cast else "transposed" if transposed else "equal"
+
+
+@dataclass(frozen=True, kw_only=True)
 class CopyMember:
     """A name whose bytes duplicate the group's kept tensor."""
 
@@ -78,7 +84,7 @@ EMBEDDING_HINTS = (
 
 
 def keep_rank(
-    tensor: TensorInfo, order: int, lookup_names: frozenset[str], sources: frozenset[str] = frozenset()
+    tensor: TensorInfo, order: int, lookup_names: frozenset[str], *, sources: frozenset[str] = frozenset()
 ) -> tuple[int, int, int, int]:
     """Sort key for the tensor a repair keeps: widest dtype (a cast cannot be undone), then the
     source of a declared tie (the name the model class loads: ``shared``, ``embed_in``, ``wte``),
@@ -111,8 +117,8 @@ def _views(ckpt: Checkpoint, min_bytes: int) -> list[TensorInfo]:
 class _Search:
     """The state of one copy search: union-find over verified relations, cached fingerprints."""
 
-    def __init__(self, ckpt: Checkpoint, relations: Iterable[str]) -> None:
-        self.ckpt = ckpt
+    def __init__(self, opened: OpenCheckpoint, relations: Iterable[str]) -> None:
+        self.opened = opened
         self.relations = frozenset(relations)
         self.comparer = BlockComparer()
         self.constant: dict[str, bool] = {}
@@ -137,7 +143,7 @@ class _Search:
     def fingerprint(self, tensor: TensorInfo, transposed: bool = False, as_dtype: str | None = None) -> bytes:
         key = (tensor.name, transposed, as_dtype)
         if key not in self.prints:
-            values = sample(self.ckpt, tensor, transposed)
+            values = sample(self.opened, tensor, transposed)
             if as_dtype is not None:
                 with np.errstate(all="ignore"):  # overflow to inf is an answer here, not a warning
                     values = values.astype(to_numpy(as_dtype))
@@ -151,7 +157,7 @@ class _Search:
         if values != values[:size] * (len(values) // size):
             return True
         if tensor.name not in self.constant:
-            self.constant[tensor.name] = is_constant(self.ckpt, tensor)
+            self.constant[tensor.name] = is_constant(self.opened, tensor)
         return not self.constant[tensor.name]
 
     def equal(self, bucket: list[TensorInfo]) -> None:
@@ -166,11 +172,11 @@ class _Search:
             if len(members) > 2:  # hashing pays only when several tensors still collide
                 by_hash: dict[bytes, list[TensorInfo]] = defaultdict(list)
                 for member in members:
-                    by_hash[full_hash(self.ckpt, member)].append(member)
+                    by_hash[full_hash(self.opened, member)].append(member)
                 classes = list(by_hash.values())
             for same in classes:
                 for other in same[1:]:
-                    if equal_bytes(self.ckpt, same[0], other, self.comparer):
+                    if equal_bytes(self.opened, same[0], other, comparer=self.comparer):
                         self.record(same[0], other, "equal")
 
     def representatives(self, bucket: list[TensorInfo]) -> list[TensorInfo]:
@@ -197,7 +203,7 @@ class _Search:
                 if original.storage_id == other.storage_id or self.joined(original, other):
                     continue  # already one storage, or already known to be one group
                 if self.not_constant(original) and transposed_bytes(
-                    self.ckpt, original, other, self.comparer
+                    self.opened, original, other, comparer=self.comparer
                 ):
                     self.record(original, other, "transposed")
 
@@ -211,11 +217,13 @@ class _Search:
                     continue
                 if self.fingerprint(wide, as_dtype=narrow.dtype) != self.fingerprint(narrow):
                     continue
-                if self.not_constant(narrow) and cast_bytes(self.ckpt, wide, narrow, self.comparer):
+                if self.not_constant(narrow) and cast_bytes(
+                    self.opened, wide, narrow, comparer=self.comparer
+                ):
                     self.record(wide, narrow, "cast")
 
     def groups(self, lookup_names: frozenset[str], sources: frozenset[str]) -> list[CopyGroup]:
-        order = {t.name: i for i, t in enumerate(self.ckpt.tensors)}
+        order = {t.name: i for i, t in enumerate(self.opened.checkpoint.tensors)}
         adjacency: dict[str, list[tuple[TensorInfo, bool]]] = defaultdict(list)
         tensors: dict[str, TensorInfo] = {}
         for first, second, relation in self.edges:
@@ -228,7 +236,7 @@ class _Search:
             by_root[self.find(name)].append(tensor)
         result = []
         for members in by_root.values():
-            kept = min(members, key=lambda t: keep_rank(t, order[t.name], lookup_names, sources))
+            kept = min(members, key=lambda t: keep_rank(t, order[t.name], lookup_names, sources=sources))
             result.append(CopyGroup(kept.name, tuple(_relate_to(kept, adjacency, order))))
         return sorted(result, key=lambda g: order[g.kept])
 
@@ -248,17 +256,20 @@ def _relate_to(
             transposed = orientation[current] != flip
             orientation[neighbour.name] = transposed
             queue.append(neighbour.name)
-            relation: CopyRelation = (
-                "cast" if neighbour.dtype != kept.dtype else "transposed" if transposed else "equal"
+            relation = copy_relation(transposed=transposed, cast=neighbour.dtype != kept.dtype)
+            members.append(
+                CopyMember(
+                    name=neighbour.name, relation=relation, transposed=transposed, nbytes=neighbour.nbytes
+                )
             )
-            members.append(CopyMember(neighbour.name, relation, transposed, neighbour.nbytes))
     return sorted(members, key=lambda m: order[m.name])
 
 
 def find_copies(
-    ckpt: Checkpoint,
+    opened: OpenCheckpoint,
     relations: Iterable[str] = ALL_RELATIONS,
     min_bytes: int = DEFAULT_MIN_BYTES,
+    *,
     lookup_names: frozenset[str] = frozenset(),
     sources: frozenset[str] = frozenset(),
 ) -> list[CopyGroup]:
@@ -267,9 +278,9 @@ def find_copies(
     lookup_names: tensors used as lookup tables (ONNX Gather inputs), preferred as kept;
     sources: sources of declared ties, preferred before them (see ``keep_rank``).
     """
-    search = _Search(ckpt, relations)
+    search = _Search(opened, relations)
     buckets: dict[int, list[TensorInfo]] = defaultdict(list)
-    for tensor in _views(ckpt, min_bytes):
+    for tensor in _views(opened.checkpoint, min_bytes):
         buckets[tensor.numel].append(tensor)
     for bucket in buckets.values():
         if len(bucket) < 2:

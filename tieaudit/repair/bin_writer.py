@@ -27,7 +27,7 @@ from tieaudit.repair.plan import RetiePlan
 from tieaudit.repair.torch_writer import load_weights, retied, torch_module
 
 
-def _move(roots: dict[str, Any], name: str, source: str, target: str, path: str) -> None:
+def _move(roots: dict[str, Any], name: str, source: str, *, target: str, path: str) -> None:
     """Move a top-level entry of one shard's state dict into another's."""
     origin, destination = roots[source], roots[target]
     if not (isinstance(origin, dict) and name in origin and isinstance(destination, dict)):
@@ -40,7 +40,7 @@ def _move(roots: dict[str, Any], name: str, source: str, target: str, path: str)
 
 
 def write_bin_weights(
-    ckpt: Checkpoint, weights: WeightSet, plan: RetiePlan, out: str
+    ckpt: Checkpoint, weights: WeightSet, plan: RetiePlan, *, out: str
 ) -> tuple[list[str], dict[str, str]]:
     """Write every .bin of the folder with the plan's copies as views; returns (files written,
     ``{name: file}`` for each name that moved to another shard)."""
@@ -51,7 +51,7 @@ def write_bin_weights(
     for decision in plan.applied:
         source, target = holder[decision.dropped], holder[decision.kept]
         if source != target:
-            _move(roots, decision.dropped, source, target, ckpt.path)
+            _move(roots, decision.dropped, source, target=target, path=ckpt.path)
             moved[decision.dropped] = target
     written = []
     for file in weights.files:
@@ -59,7 +59,9 @@ def write_bin_weights(
         if isinstance(root, dict) and not root:
             continue  # every entry moved to the shard of its kept tensor
         here = tuple(d for d in plan.applied if holder[d.kept] == file)
-        root = retied(torch, root, dataclasses.replace(plan, decisions=here), os.path.join(ckpt.path, file))
+        root = retied(
+            torch, root, dataclasses.replace(plan, decisions=here), path=os.path.join(ckpt.path, file)
+        )
         target = os.path.join(out, file)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         torch.save(root, target)
@@ -67,7 +69,7 @@ def write_bin_weights(
     return written, moved
 
 
-def bin_index(ckpt: Checkpoint, index: str, moved: Mapping[str, str], saved: int) -> dict[str, Any]:
+def bin_index(ckpt: Checkpoint, index: str, moved: Mapping[str, str], *, saved: int) -> dict[str, Any]:
     """The index with moved names mapped to their new shard and ``total_size`` less the bytes saved."""
     raw: dict[str, Any] = dict(load_json(ckpt.path, index))
     raw["weight_map"] = {name: moved.get(name, file) for name, file in raw["weight_map"].items()}

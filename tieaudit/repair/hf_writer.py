@@ -23,6 +23,7 @@ import shutil
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.errors import UnsafeInputError, UnsupportedFormatError, UsageError
 from tieaudit.core.records import Checkpoint, TensorInfo
 from tieaudit.formats.hf_dir import (
@@ -35,16 +36,10 @@ from tieaudit.formats.hf_dir import (
 )
 from tieaudit.formats.hf_ties import CONFIG, TIE_FLAG, class_pairs, with_flag
 from tieaudit.formats.safetensors import read_header
+from tieaudit.formats.tie_records import TieRecord, rebase, record_metadata, split_metadata, string_metadata
 from tieaudit.repair.interface import Writer
 from tieaudit.repair.plan import RetiePlan
-from tieaudit.repair.safetensors_writer import (
-    TieRecord,
-    decision_records,
-    rebase,
-    record_metadata,
-    split_metadata,
-    string_metadata,
-)
+from tieaudit.repair.safetensors_writer import decision_records
 from tieaudit.repair.st_stream import write_safetensors
 
 
@@ -102,7 +97,7 @@ def file_metadata(ckpt: Checkpoint, weights: WeightSet, applied: list[TieRecord]
 
 
 def place_records(
-    ckpt: Checkpoint, weights: WeightSet, per_file: FileMetadata, applied: list[TieRecord]
+    ckpt: Checkpoint, weights: WeightSet, per_file: FileMetadata, *, applied: list[TieRecord]
 ) -> tuple[dict[str, list[TieRecord]], list[TieRecord]]:
     """(records per weight file, records for the index).
 
@@ -125,11 +120,12 @@ def place_records(
 
 
 def rewrite_weights(
-    ckpt: Checkpoint, weights: WeightSet, applied: list[TieRecord], out: str
+    opened: OpenCheckpoint, weights: WeightSet, applied: list[TieRecord], *, out: str
 ) -> tuple[list[str], list[TieRecord]]:
     """Write every weight file that still holds a tensor; returns (files written, records for the index)."""
+    ckpt = opened.checkpoint
     per_file = file_metadata(ckpt, weights, applied)
-    placed, for_index = place_records(ckpt, weights, per_file, applied)
+    placed, for_index = place_records(ckpt, weights, per_file, applied=applied)
     dropped = {r.dropped for r in applied}
     written = []
     for file in weights.files:
@@ -139,12 +135,14 @@ def rewrite_weights(
         metadata = string_metadata(record_metadata(per_file[file][0], placed[file]))
         target = os.path.join(out, file)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        write_safetensors(target, ckpt, tensors, metadata)
+        write_safetensors(target, opened, tensors, metadata=metadata)
         written.append(target)
     return written, for_index
 
 
-def rewrite_index(ckpt: Checkpoint, index: str, records: list[TieRecord], names: set[str], out: str) -> str:
+def rewrite_index(
+    ckpt: Checkpoint, index: str, records: list[TieRecord], *, names: set[str], out: str
+) -> str:
     """The index without the dropped names, with the tie records and updated totals in ``metadata``."""
     raw: dict[str, Any] = dict(load_json(ckpt.path, index))
     dropped = [ckpt.tensor(name) for name in sorted(names)]
@@ -191,7 +189,7 @@ def retied_config(
     pairs = class_pairs(ckpt, config)
     if not all_equal:
         refuse_unrestorable(ckpt, applied, pairs)
-    current = {(t.target, t.source) for t in ckpt.declared_ties if t.declared_by == "config"}
+    current = {(t.dropped, t.kept) for t in ckpt.declared_ties if t.declared_by == "config"}
     retied = {(r.dropped, r.kept) for r in applied if r.relation == "equal"}
     hits = {p for p in pairs if p in retied or p[::-1] in retied}
     if not hits or hits <= current:
@@ -219,7 +217,8 @@ class HfDirWriter(Writer):
 
     format = "hf-dir"
 
-    def write(self, ckpt: Checkpoint, plan: RetiePlan, out: str) -> list[str]:
+    def write(self, opened: OpenCheckpoint, plan: RetiePlan, out: str) -> list[str]:
+        ckpt = opened.checkpoint
         folder = ckpt.path
         weights = find_weights(folder)
         pickles = torch_weights(weights.files)
@@ -240,14 +239,16 @@ class HfDirWriter(Writer):
         if pickles:
             from tieaudit.repair.bin_writer import bin_index, write_bin_weights
 
-            weight_files, moved = write_bin_weights(ckpt, weights, plan, out)
+            weight_files, moved = write_bin_weights(ckpt, weights, plan, out=out)
             written += weight_files
             if weights.index is not None:
-                index = bin_index(ckpt, weights.index, moved, plan.saved_bytes)
+                index = bin_index(ckpt, weights.index, moved, saved=plan.saved_bytes)
                 written.append(write_json(os.path.join(out, weights.index), index))
             return written + _folders(out)
-        weight_files, for_index = rewrite_weights(ckpt, weights, applied, out)
+        weight_files, for_index = rewrite_weights(opened, weights, applied, out=out)
         written += weight_files
         if weights.index is not None:
-            written.append(rewrite_index(ckpt, weights.index, for_index, {r.dropped for r in applied}, out))
+            written.append(
+                rewrite_index(ckpt, weights.index, for_index, names={r.dropped for r in applied}, out=out)
+            )
         return written + _folders(out)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from tieaudit.core.records import Checkpoint, Format
+from tieaudit.core.bytestore import OpenCheckpoint
+from tieaudit.core.records import Format
 from tieaudit.repair.plan import RetiePlan
 
 
@@ -14,11 +15,11 @@ class Writer(ABC):
     format: Format
 
     @abstractmethod
-    def write(self, ckpt: Checkpoint, plan: RetiePlan, out: str) -> list[str]:
+    def write(self, opened: OpenCheckpoint, plan: RetiePlan, out: str) -> list[str]:
         """Write the retied checkpoint at ``out``.
 
         ``out`` does not exist yet and lies in the final destination's folder (a file path for
-        single-file formats, a folder path for hf-dir). Never modify ``ckpt``'s files. Record every
+        single-file formats, a folder path for hf-dir). Never modify ``opened``'s files. Record every
         applied decision so that ``repair.restore.sources`` of the re-read output gives every
         original name back. Return every file written (they are fsynced before the rename).
         """

@@ -25,10 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.errors import InputError, UsageError, one_line
-from tieaudit.core.records import Checkpoint, TensorInfo
+from tieaudit.core.records import TensorInfo
 from tieaudit.formats.onnx_model import ONNX_DTYPES, is_op, load_model, subgraphs
-from tieaudit.formats.safetensors import TIES_METADATA_KEY
+from tieaudit.formats.tie_records import TIES_METADATA_KEY, composed_relation
 from tieaudit.repair.interface import Writer
 from tieaudit.repair.plan import Decision, RetiePlan
 
@@ -47,7 +48,7 @@ _DATA_FIELDS = "raw_data float_data int32_data int64_data double_data uint64_dat
 _ONNX_TYPE_NAMES = {canonical: onnx_name for onnx_name, canonical in ONNX_DTYPES.items()}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Site:
     """Where a checkpoint tensor is defined in the model."""
 
@@ -63,7 +64,7 @@ class _Site:
     """Defined by a Constant node rather than an initializer."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Edits:
     """The model being rewritten, its graphs and tensor sites by the reader's names."""
 
@@ -74,7 +75,7 @@ class _Edits:
     """Graph path -> node output -> rank: kept Constants (0), then added nodes (1), before the rest."""
 
 
-def _index(edits: _Edits, graph: GraphProto, path: str, scopes: tuple[str, ...], taken: set[str]) -> None:
+def _index(edits: _Edits, graph: GraphProto, path: str, *, scopes: tuple[str, ...], taken: set[str]) -> None:
     """Name every tensor exactly as OnnxReader does (same walk order, same de-duplication)."""
     label = path or "main"
     edits.graphs[label] = graph
@@ -89,16 +90,20 @@ def _index(edits: _Edits, graph: GraphProto, path: str, scopes: tuple[str, ...],
         return name
 
     for init in graph.initializer:
-        edits.sites[unique(init.name)] = _Site(label, scopes, init.name, init, False)
+        edits.sites[unique(init.name)] = _Site(
+            graph_path=label, scopes=scopes, value=init.name, proto=init, constant=False
+        )
     for node in graph.node:
         if is_op(node, "Constant") and node.output:
             attr = next((a for a in node.attribute if a.name == "value" and a.HasField("t")), None)
             if attr is not None:
-                edits.sites[unique(node.output[0])] = _Site(label, scopes, node.output[0], attr.t, True)
+                edits.sites[unique(node.output[0])] = _Site(
+                    graph_path=label, scopes=scopes, value=node.output[0], proto=attr.t, constant=True
+                )
     prefix = f"{path}/" if path else ""
     for index, node in enumerate(graph.node):
         for sub_path, subgraph in subgraphs(node, prefix + (node.name or f"#{index}")):
-            _index(edits, subgraph, sub_path, scopes, taken)
+            _index(edits, subgraph, sub_path, scopes=scopes, taken=taken)
 
 
 def _delete_named(entries: Any, name: str) -> None:
@@ -118,7 +123,7 @@ def _remove(graph: GraphProto, site: _Site) -> None:
     _delete_named(graph.input, site.value)
 
 
-def _repoint(graph: GraphProto, old: str, new: str, own: bool) -> None:
+def _repoint(graph: GraphProto, old: str, new: str, *, own: bool) -> None:
     """Every node input reading old, in graph and its subgraphs, reads new (outputs: see _apply)."""
     for node in graph.node:
         for slot, value in enumerate(node.input):
@@ -175,15 +180,13 @@ def _reorder(edits: _Edits) -> None:
 
 def _compose(name: str, outer: dict[str, str], inner: dict[str, str]) -> dict[str, str]:
     """name = outer(Y) and Y = inner(Z): the record of name as a function of Z."""
-    if outer["relation"] == "equal":
-        return inner
-    if inner["relation"] == "equal":
-        return {**outer, "source": inner["source"]}
-    if outer["relation"] == inner["relation"] == "transposed":
-        return {"source": inner["source"], "relation": "equal"}
-    raise UsageError(
-        f"{name} is recorded as a {outer['relation']} of a {inner['relation']} copy; cannot chain"
-    )
+    relation = composed_relation(outer["relation"], inner["relation"])
+    if relation is None:
+        raise UsageError(
+            f"{name} is recorded as a {outer['relation']} of a {inner['relation']} copy; cannot chain"
+        )
+    cast = outer if outer["relation"] == "cast" else inner if inner["relation"] == "cast" else None
+    return {"source": inner["source"], "relation": relation, **({"dtype": cast["dtype"]} if cast else {})}
 
 
 def _record(model: ModelProto, new: dict[str, dict[str, str]]) -> None:
@@ -214,17 +217,18 @@ def _external_count(edits: _Edits) -> int:
     return count
 
 
-def _stream(handle: Any, ckpt: Checkpoint, tensor: TensorInfo) -> None:
+def _stream(handle: Any, opened: OpenCheckpoint, tensor: TensorInfo) -> None:
     """Write a tensor's bytes in chunks from its read-only view (never one whole copy)."""
-    flat = ckpt.array(tensor).reshape(-1).view(np.uint8)
+    flat = opened.array(tensor).reshape(-1).view(np.uint8)
     for start in range(0, len(flat), CHUNK_BYTES):
         handle.write(flat[start : start + CHUNK_BYTES])
 
 
-def _externalize(edits: _Edits, ckpt: Checkpoint, data_path: str, everything: bool) -> bool:
+def _externalize(edits: _Edits, opened: OpenCheckpoint, data_path: str, *, everything: bool) -> bool:
     """Write external tensors (with everything: all but small initializers) to a new file; any?"""
     from onnx import TensorProto
 
+    ckpt = opened.checkpoint
     by_name = {t.name: t for t in ckpt.tensors}
     moves = [
         (site.proto, by_name[name])
@@ -253,7 +257,7 @@ def _externalize(edits: _Edits, ckpt: Checkpoint, data_path: str, everything: bo
                 if tensor.nbytes >= ALIGNMENT:
                     handle.write(b"\0" * (-handle.tell() % ALIGNMENT))
                 placed[key] = handle.tell()
-                _stream(handle, ckpt, tensor)
+                _stream(handle, opened, tensor)
             for field_name in _DATA_FIELDS:
                 proto.ClearField(field_name)
             proto.data_location = TensorProto.EXTERNAL
@@ -269,12 +273,13 @@ class OnnxWriter(Writer):
 
     format = "onnx"
 
-    def write(self, ckpt: Checkpoint, plan: RetiePlan, out: str) -> list[str]:
+    def write(self, opened: OpenCheckpoint, plan: RetiePlan, out: str) -> list[str]:
+        ckpt = opened.checkpoint
         import onnx
 
         model = load_model(ckpt.path)
-        edits = _Edits(model)
-        _index(edits, model.graph, "", (), set())
+        edits = _Edits(model=model)
+        _index(edits, model.graph, "", scopes=(), taken=set())
         ties: dict[str, dict[str, str]] = {}
         for decision in plan.applied:
             dtype = ckpt.tensor(decision.dropped).dtype
@@ -287,7 +292,7 @@ class OnnxWriter(Writer):
             _record(model, ties)
         files = [out]
         too_big = model.ByteSize() > onnx.checker.MAXIMUM_PROTOBUF
-        if _externalize(edits, ckpt, f"{out}.data", everything=too_big):
+        if _externalize(edits, opened, f"{out}.data", everything=too_big):
             files.append(f"{out}.data")
         with open(out, "xb") as handle:
             handle.write(model.SerializeToString())

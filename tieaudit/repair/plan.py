@@ -13,11 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.errors import UsageError
 from tieaudit.core.records import Checkpoint, Format
 from tieaudit.formats.capabilities import DEFAULT_RELATIONS, REPRESENTABLE, WHY_NOT_DEFAULT
 from tieaudit.formats.hf_dir import torch_weights
 from tieaudit.formats.loaders import LoaderRule, flag_companions, loader_rule
+from tieaudit.graph import DEFAULT_MIN_BYTES
 from tieaudit.graph.alias import AliasGraph
 from tieaudit.graph.declared_copies import declared_copy_groups
 from tieaudit.graph.detect import (
@@ -25,12 +27,13 @@ from tieaudit.graph.detect import (
     CopyGroup,
     CopyMember,
     CopyRelation,
+    copy_relation,
     find_copies,
     lookup_tables,
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Decision:
     """What retie does with one copy."""
 
@@ -54,7 +57,7 @@ class Decision:
     """For a copy re-tied only because of --all-equal: what the format's loader does with it."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RetiePlan:
     """Every decision for one checkpoint."""
 
@@ -94,15 +97,22 @@ def _rekeep(group: CopyGroup, keep: str, ckpt: Checkpoint) -> CopyGroup:
         raise UsageError(
             f"--keep {keep}: it is a lower-precision cast of {group.kept} ({wide}); keep that one"
         )
-    members = [CopyMember(group.kept, new_kept.relation, new_kept.transposed, ckpt.tensor(group.kept).nbytes)]
+    members = [
+        CopyMember(
+            name=group.kept,
+            relation=new_kept.relation,
+            transposed=new_kept.transposed,
+            nbytes=ckpt.tensor(group.kept).nbytes,
+        )
+    ]
     for member in group.members:
         if member.name == keep:
             continue
         transposed = member.transposed != new_kept.transposed
-        relation: CopyRelation = (
-            "cast" if member.relation == "cast" else "transposed" if transposed else "equal"
+        relation = copy_relation(transposed=transposed, cast=member.relation == "cast")
+        members.append(
+            CopyMember(name=member.name, relation=relation, transposed=transposed, nbytes=member.nbytes)
         )
-        members.append(CopyMember(member.name, relation, transposed, member.nbytes))
     return CopyGroup(keep, tuple(members))
 
 
@@ -154,34 +164,34 @@ def _decide(
         else:
             reason = rule.why_left
     return Decision(
-        group.kept,
-        member.name,
-        member.relation,
-        member.transposed,
-        member.nbytes,
-        not reason,
-        reason,
+        kept=group.kept,
+        dropped=member.name,
+        relation=member.relation,
+        transposed=member.transposed,
+        nbytes=member.nbytes,
+        applied=not reason,
+        reason=reason,
         consequence=consequence,
     )
 
 
-def _companions(ckpt: Checkpoint, rule: LoaderRule | None, decisions: list[Decision]) -> list[Decision]:
+def _companions(opened: OpenCheckpoint, rule: LoaderRule | None, decisions: list[Decision]) -> list[Decision]:
     """Pairs the config flag set by this plan ties too, stored as equal bytes: re-tied with the rest."""
     if rule is None or not rule.class_pairs:
         return []
     applied = [d for d in decisions if d.applied]
     retied = {frozenset((d.kept, d.dropped)) for d in applied if d.relation == "equal"}
-    found = flag_companions(ckpt, rule, retied=retied, dropped={d.dropped for d in applied})
+    found = flag_companions(opened, rule, retied=retied, dropped={d.dropped for d in applied})
     return [
         Decision(
-            source,
-            target,
-            "equal",
-            False,
-            ckpt.tensor(target).nbytes,
-            True,
-            why="the model class ties it to "
-            f"{source} once tie_word_embeddings is set, and the stored bytes are equal",
+            kept=source,
+            dropped=target,
+            relation="equal",
+            transposed=False,
+            nbytes=opened.checkpoint.tensor(target).nbytes,
+            applied=True,
+            why=f"the model class ties it to {source} once tie_word_embeddings is set, "
+            "and the stored bytes are equal",
         )
         for target, source in found
     ]
@@ -189,10 +199,11 @@ def _companions(ckpt: Checkpoint, rule: LoaderRule | None, decisions: list[Decis
 
 def make_plan(
     graph: AliasGraph,
+    opened: OpenCheckpoint,
+    *,
     relations: frozenset[str] | None = None,
     keep: str | None = None,
-    min_bytes: int = 1024,
-    *,
+    min_bytes: int = DEFAULT_MIN_BYTES,
     all_equal: bool = False,
 ) -> RetiePlan:
     """Decide, for every copy in the checkpoint, whether and how it becomes a tie again.
@@ -206,9 +217,9 @@ def make_plan(
         raise UsageError("--all-equal re-ties equal copies, but --relations leaves equal out")
     rule = loader_rule(ckpt)
     class_sources = frozenset(source for _, source in rule.class_pairs) if rule else frozenset()
-    sources = frozenset(s.tie.source for s in graph.ties) | class_sources
-    groups = find_copies(ckpt, ALL_RELATIONS, min_bytes, lookup_names=lookup_tables(ckpt), sources=sources)
-    groups += declared_copy_groups(graph, frozenset(name for group in groups for name in group.names))
+    sources = frozenset(s.tie.kept for s in graph.ties) | class_sources
+    groups = find_copies(opened, ALL_RELATIONS, min_bytes, lookup_names=lookup_tables(ckpt), sources=sources)
+    groups += declared_copy_groups(graph, opened, frozenset(name for group in groups for name in group.names))
     if keep is not None:
         if not any(keep in g.names for g in groups):
             raise UsageError(f"--keep {keep}: no copy group holds that name")
@@ -219,5 +230,11 @@ def make_plan(
         for group in groups
         for member in group.members
     ]
-    decisions += _companions(ckpt, rule, decisions)
-    return RetiePlan(ckpt.path, ckpt.format, frozenset(chosen), tuple(decisions), all_equal)
+    decisions += _companions(opened, rule, decisions)
+    return RetiePlan(
+        path=ckpt.path,
+        format=ckpt.format,
+        relations=frozenset(chosen),
+        decisions=tuple(decisions),
+        all_equal=all_equal,
+    )

@@ -39,7 +39,7 @@ LINK_UNSUPPORTED = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errn
 """What link(2) answers where the filesystem has no hard links (or no more for this file)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RetiePaths:
     """IN and OUT as given and as resolved once."""
 
@@ -53,7 +53,8 @@ class RetiePaths:
     """OUT as the user typed it, for messages."""
 
 
-def _resolve(path: str, what: str) -> CanonicalPath:
+def resolve(path: str, what: str) -> CanonicalPath:
+    """path resolved once (what: IN or OUT, for the message when it cannot be)."""
     try:
         return canonical(path)
     except FileNotFoundError as exc:
@@ -85,7 +86,7 @@ def _inside(folder: str, target: os.stat_result) -> bool:
 
 def check_paths(source: str, out: str, in_place: bool) -> RetiePaths:
     """Resolve IN and OUT once and refuse every way OUT could reach IN; raise UsageError."""
-    src = _resolve(source, "IN")
+    src = resolve(source, "IN")
     if not os.path.exists(src.path):
         backup = src.sibling(src.name + BACKUP_SUFFIX)
         if os.path.lexists(backup.path):
@@ -98,7 +99,7 @@ def check_paths(source: str, out: str, in_place: bool) -> RetiePaths:
         raise UsageError("no such file or folder", source)
     if ends_in_folder_marker(out):
         raise UsageError("OUT must end in the name of the file or folder to create, not in '/' or '.'", out)
-    dst = _resolve(out, "OUT")
+    dst = resolve(out, "OUT")
     in_stat = os.stat(src.path)
     if _lstat(dst.path) is not None:
         same = os.path.exists(dst.path) and same_entry(os.stat(dst.path), in_stat)
@@ -108,12 +109,12 @@ def check_paths(source: str, out: str, in_place: bool) -> RetiePaths:
             raise UsageError("OUT is the input; pass --in-place to replace it (a backup is kept)", out)
         if dst != src:
             raise UsageError("--in-place needs OUT to be IN itself, not another name (link) for it", out)
-        return RetiePaths(src, dst, _free_backup(src), out)
+        return RetiePaths(source=src, out=dst, backup=_free_backup(src), out_given=out)
     if in_place:
         raise UsageError("--in-place needs OUT to be the input itself", out)
     if stat.S_ISDIR(in_stat.st_mode) and _inside(dst.folder, in_stat):
         raise UsageError("OUT is inside the input folder; choose a path outside it", out)
-    return RetiePaths(src, dst, None, out)
+    return RetiePaths(source=src, out=dst, backup=None, out_given=out)
 
 
 def _stages(out: CanonicalPath) -> list[tuple[str, int]]:
@@ -191,10 +192,10 @@ def _appeared(name: str, path: str) -> OutputError:
     )
 
 
-def publish(stage: str, paths: RetiePaths) -> None:
+def publish(stage: str, *, out: CanonicalPath, out_given: str) -> None:
     """Move the staged entries beside OUT, the main one last (a visible OUT is complete), never over
-    anything: an entry that appears meanwhile stays, and the entries already moved go back."""
-    out = paths.out
+    anything: an entry that appears meanwhile stays, and the entries already moved go back. retie
+    and export both publish through here (out_given: OUT as typed, for messages)."""
     entries = sorted(os.listdir(stage), key=lambda e: e == out.name)
     for entry in entries:
         target = out.sibling(entry).path
@@ -207,7 +208,7 @@ def publish(stage: str, paths: RetiePaths) -> None:
             rename_noreplace(os.path.join(stage, entry), out.sibling(entry).path)
         except FileExistsError:
             _take_back(stage, out, moved)
-            where = paths.out_given if entry == out.name else out.sibling(entry).path
+            where = out_given if entry == out.name else out.sibling(entry).path
             raise _appeared(entry, where) from None
         moved.append((entry, identity))
     fsync_path(out.folder)

@@ -1,300 +1,37 @@
 """The second reading of retie's output: the format's reference loader, not tieaudit's readers.
 
-tieaudit's own verification reads the output with tieaudit's readers; where a reader disagreed
-with the library people load the file with, retie would vouch for bytes nobody else reads. So the
-staged output is read again by the reference loader, where it is installed:
-``safetensors.safe_open(framework="numpy")`` for safetensors files and Hugging Face shards,
-``onnx.load`` plus each tensor's external data for ONNX, ``torch.load(weights_only=True, mmap=True)``
-for .pt and a folder's .bin files (torch is imported for those only). Every original name is
-compared with the input bit for bit, a block of rows at a time (memory bounded by a block for
-safetensors and .pt, by one tensor for ONNX); a name restored from a record (``{dropped: kept}``
-metadata, the shard index, ``tieaudit.ties``, ONNX Identity aliases) is compared after applying it.
+Where a tieaudit reader disagreed with the library people load the file with, retie would vouch
+for bytes nobody else reads, so the staged output is read again by the reference loader, where it
+is installed: ``safetensors.safe_open(framework="numpy")`` (files and Hugging Face shards),
+``onnx.load`` plus each tensor's external data, ``torch.load(weights_only=True, mmap=True)`` for
+.pt and a folder's .bin files (torch is imported for those only). Every original name is compared
+with the input bit for bit, a block of rows at a time (memory bounded by a block for safetensors
+and .pt, by one tensor for ONNX); a name restored from a record (``{dropped: kept}`` metadata, the
+shard index, ``tieaudit.ties``, ONNX Identity aliases) is compared after applying it.
 """
 
 from __future__ import annotations
 
-import os
-import re
 import threading
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 
+from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.dtypes import to_numpy
-from tieaudit.core.errors import TieauditError
 from tieaudit.core.escape import printable
 from tieaudit.core.records import Checkpoint, TensorInfo
-from tieaudit.formats.hf_dir import torch_weights
 from tieaudit.graph.compare import BlockComparer
+from tieaudit.repair.reference_loaders import Block, Loaded, ReferenceMismatch, load_reference, numpy_float8
 from tieaudit.repair.restore import Source, sources
+
+__all__ = ["ReferenceCheck", "ReferenceMismatch", "reference_check"]
 
 REFERENCE_BLOCK_BYTES = 2 << 20
 """Bytes read per block: small blocks stay in the CPU cache between the read and the comparison."""
 
 _local = threading.local()  # one comparer (two reusable buffers) per verifying thread
-
-
-class ReferenceMismatch(TieauditError):
-    """The reference loader reads the written output differently from the input."""
-
-
-Block = Callable[[tuple[slice, ...]], np.ndarray]
-"""The values of a region of one stored tensor (one slice per leading axis, or () for all)."""
-
-
-class Loaded(ABC):
-    """Stored tensors as a reference loader gives them."""
-
-    names: frozenset[str]
-    """Every stored tensor name the loader sees."""
-
-    @abstractmethod
-    def dtype_shape(self, name: str) -> tuple[str, tuple[int, ...]]:
-        """Canonical dtype and shape of a stored tensor."""
-
-    @abstractmethod
-    def values(self, name: str) -> AbstractContextManager[Block]:
-        """Access to one stored tensor's values; what it holds (a map, a copy) goes at the end."""
-
-    def ties(self) -> dict[str, Source]:
-        """Dropped name -> where the loader's format restores it from (beyond the stored names)."""
-        return {}
-
-
-def _root(out: str) -> str:
-    """The folder the output's files are named relative to (the output itself for a model folder)."""
-    return out if os.path.isdir(out) else os.path.dirname(os.path.abspath(out))
-
-
-# --- safetensors (files and Hugging Face shards) ------------------------------------------------
-
-_NUMPY_NAMES = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
-"""ml_dtypes types the safetensors library looks up as numpy attributes (numpy itself has none)."""
-
-
-@contextmanager
-def _numpy_float8() -> Iterator[None]:
-    """numpy.float8_* for the duration (safetensors' numpy framework asks numpy for them by name)."""
-    import ml_dtypes
-
-    added = [n for n in _NUMPY_NAMES if not hasattr(np, n) and hasattr(ml_dtypes, n)]
-    for name in added:
-        setattr(np, name, getattr(ml_dtypes, name))
-    try:
-        yield
-    finally:
-        for name in added:
-            delattr(np, name)
-
-
-class _Safetensors(Loaded):
-    """Each file is opened once for its names and metadata, then once per tensor compared: a file
-    stays mapped only while one of its tensors is read, so resident memory stays bounded."""
-
-    def __init__(self, out: str, written: Checkpoint, files: list[str]) -> None:
-        from tieaudit.formats.safetensors import SAFETENSORS_DTYPES, metadata_ties
-
-        self._info: dict[str, tuple[str, str, tuple[int, ...]]] = {}
-        metadata: list[tuple[str, dict[str, str]]] = []
-        root = _root(out)
-        for file in files:
-            with self._open(os.path.join(root, file), file) as handle:
-                metadata.append((file, dict(handle.metadata() or {})))
-                for key in handle.keys():
-                    if key in self._info:
-                        raise ReferenceMismatch(
-                            f"the safetensors library finds {printable(key)} in two files"
-                        )
-                    piece = handle.get_slice(key)
-                    dtype = piece.get_dtype()
-                    shape = tuple(piece.get_shape())
-                    self._info[key] = (os.path.join(root, file), SAFETENSORS_DTYPES.get(dtype, dtype), shape)
-        self.names = frozenset(self._info)
-        self._ties: dict[str, Source] = {}
-        for file, entries in metadata:
-            for tie in metadata_ties(entries, set(self.names), f"{file}:__metadata__", "metadata"):
-                if tie.source in self.names and tie.target not in self.names:
-                    self._ties.setdefault(tie.target, Source(tie.source, tie.relation, tie.dtype))
-        # The index's records are JSON read by json (as transformers reads them), not by safetensors.
-        for tie in written.declared_ties:
-            if tie.declared_by == "index" and tie.source in self.names and tie.target not in self.names:
-                self._ties.setdefault(tie.target, Source(tie.source, tie.relation, tie.dtype))
-
-    @staticmethod
-    @contextmanager
-    def _open(path: str, file: str) -> Iterator[Any]:
-        from safetensors import safe_open
-
-        try:
-            with safe_open(path, framework="numpy") as handle:
-                yield handle
-        except Exception as exc:  # SafetensorError and friends: the library refuses the file
-            if isinstance(exc, ReferenceMismatch):
-                raise
-            raise ReferenceMismatch(f"the safetensors library cannot read {file}: {_line(exc)}") from exc
-
-    def dtype_shape(self, name: str) -> tuple[str, tuple[int, ...]]:
-        _, dtype, shape = self._info[name]
-        return dtype, shape
-
-    @contextmanager
-    def values(self, name: str) -> Iterator[Block]:
-        path = self._info[name][0]
-        with self._open(path, os.path.basename(path)) as handle:
-            piece = handle.get_slice(name)
-
-            def block(index: tuple[slice, ...]) -> np.ndarray:
-                array: np.ndarray = piece[index] if index else piece[...]
-                return array
-
-            yield block
-
-    def ties(self) -> dict[str, Source]:
-        return self._ties
-
-
-# --- ONNX -----------------------------------------------------------------------------------------
-
-
-def _onnx_protos(graph: Any) -> Iterator[tuple[str, Any]]:
-    """(value name, TensorProto) of every tensor the ONNX reader takes, in the reader's order:
-    a graph's initializers, its Constant values, then each node's subgraphs."""
-    from tieaudit.formats.onnx_model import is_op, subgraphs
-
-    yield from ((init.name, init) for init in graph.initializer)
-    for node in graph.node:
-        if is_op(node, "Constant") and node.output:
-            value = next((a.t for a in node.attribute if a.name == "value" and a.HasField("t")), None)
-            if value is not None:
-                yield node.output[0], value
-    for node in graph.node:
-        for _, subgraph in subgraphs(node, ""):
-            yield from _onnx_protos(subgraph)
-
-
-def _onnx_type(proto: Any) -> str:
-    import onnx
-
-    try:
-        name: str = onnx.TensorProto.DataType.Name(proto.data_type)
-    except ValueError:
-        return f"#{proto.data_type}"
-    return name
-
-
-def _named_as(name: str, value: str) -> bool:
-    """tieaudit's name for a tensor is its value name, or ``graph/value``, maybe with ``#n``."""
-    for candidate in (name, re.sub(r"#\d+$", "", name)):
-        if candidate == value or candidate.endswith(f"/{value}"):
-            return True
-    return False
-
-
-class _Onnx(Loaded):
-    def __init__(self, out: str, written: Checkpoint) -> None:
-        import onnx
-
-        from tieaudit.formats.onnx_model import ONNX_DTYPES
-
-        try:
-            model = onnx.load(out, load_external_data=False)
-        except Exception as exc:  # DecodeError and friends: onnx refuses the file
-            raise ReferenceMismatch(f"onnx cannot load the output: {_line(exc)}") from exc
-        self._base = _root(out)
-        self._dtypes = ONNX_DTYPES
-        taken = (
-            (value, proto)
-            for value, proto in _onnx_protos(model.graph)
-            if _onnx_type(proto) in ONNX_DTYPES and not proto.HasField("segment")
-        )
-        self._protos: dict[str, Any] = {}
-        for tensor in written.tensors:
-            value, proto = next(taken, ("", None))
-            if proto is None or not _named_as(tensor.name, value):
-                raise ReferenceMismatch(f"onnx does not find {printable(tensor.name)} where tieaudit does")
-            self._protos[tensor.name] = proto
-        extra = next(taken, None)
-        if extra is not None:
-            raise ReferenceMismatch(f"onnx finds {printable(extra[0])}, which tieaudit does not read")
-        self.names = frozenset(self._protos)
-
-    def dtype_shape(self, name: str) -> tuple[str, tuple[int, ...]]:
-        proto = self._protos[name]
-        return self._dtypes[_onnx_type(proto)], tuple(proto.dims)
-
-    @contextmanager
-    def values(self, name: str) -> Iterator[Block]:
-        """The whole tensor as onnx reads it, held while it is compared."""
-        import onnx
-        from onnx import numpy_helper
-        from onnx.external_data_helper import load_external_data_for_tensor
-
-        proto = self._protos[name]
-        try:
-            if proto.data_location == onnx.TensorProto.EXTERNAL:
-                copy = onnx.TensorProto()
-                copy.CopyFrom(proto)
-                load_external_data_for_tensor(copy, self._base)
-                copy.data_location = onnx.TensorProto.DEFAULT
-                del copy.external_data[:]
-                proto = copy
-            array = numpy_helper.to_array(proto)
-        except Exception as exc:  # onnx refuses the location, the length or the values
-            raise ReferenceMismatch(f"onnx cannot read {printable(name)}: {_line(exc)}") from exc
-        yield lambda index: array[index]
-
-
-# --- torch -----------------------------------------------------------------------------------------
-
-
-class _Torch(Loaded):
-    """torch.load of one .pt, or of every .bin of a folder (names merged, as from_pretrained does)."""
-
-    def __init__(self, paths: list[str]) -> None:
-        import torch
-
-        from tieaudit.repair.torch_writer import load_weights, named_tensors
-
-        self._tensors: dict[str, Any] = {}
-        for path in paths:
-            try:
-                root = load_weights(path)
-            except TieauditError as exc:
-                raise ReferenceMismatch(f"torch.load cannot load the output: {exc.message}") from exc
-            for name, tensor in named_tensors(torch, root).items():
-                self._tensors.setdefault(name, tensor)
-        self._torch = torch
-        self.names = frozenset(self._tensors)
-
-    def dtype_shape(self, name: str) -> tuple[str, tuple[int, ...]]:
-        tensor = self._tensors[name]
-        return str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape)
-
-    @contextmanager
-    def values(self, name: str) -> Iterator[Block]:
-        tensor = self._tensors[name].detach()
-        same_width = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}.get(tensor.element_size())
-
-        def block(index: tuple[slice, ...]) -> np.ndarray:
-            part = tensor[index]
-            try:
-                array: np.ndarray = part.numpy()
-            except TypeError:  # bfloat16, float8: numpy has no such dtype; the same bits as integers
-                array = part.view(getattr(self._torch, same_width or "uint8")).numpy()
-            return array
-
-        yield block
-
-
-# --- comparison ------------------------------------------------------------------------------------
-
-
-def _line(exc: BaseException) -> str:
-    """A library's error on one line, escaped (it may quote names from the file)."""
-    return printable(" ".join(str(exc).split())[:200] or type(exc).__name__)
 
 
 def _rows_per_block(tensor: TensorInfo) -> int:
@@ -304,7 +41,7 @@ def _rows_per_block(tensor: TensorInfo) -> int:
     return max(1, REFERENCE_BLOCK_BYTES // row)
 
 
-def _value_block(block: Block, source: Source, first: int, stop: int, ndim: int) -> np.ndarray:
+def _value_block(block: Block, source: Source, first: int, *, stop: int, ndim: int) -> np.ndarray:
     """Rows first:stop of a name's values, from the loader's stored tensor and the record."""
     if ndim == 0:
         value = block(())
@@ -324,7 +61,7 @@ class ReferenceCheck:
     input's pages to the caller, who compares the same name with tieaudit's reading first.
     """
 
-    def __init__(self, original: Checkpoint, loaded: Loaded, found: dict[str, Source]) -> None:
+    def __init__(self, original: OpenCheckpoint, loaded: Loaded, found: dict[str, Source]) -> None:
         self._original = original
         self._loaded = loaded
         self._found = found
@@ -354,34 +91,21 @@ class ReferenceCheck:
         with self._loaded.values(source.name) as block:
             for first in range(0, len(expected), rows) if expected.ndim else [0]:
                 want = expected[first : first + rows] if expected.ndim else expected.reshape(1)
-                value = _value_block(block, source, first, first + len(want), expected.ndim)
+                value = _value_block(block, source, first, stop=first + len(want), ndim=expected.ndim)
                 value = value.reshape(want.shape) if value.size == want.size else value
                 if not comparer.same(want, value):
                     return f"{name} differs from the input when the reference loader reads the output"
         return None
 
 
-def _loaded(out: str, written: Checkpoint) -> Loaded | None:
-    """The reference loader's view of the output, or None where that loader is not installed."""
-    try:
-        if written.format == "onnx":
-            return _Onnx(out, written)
-        if written.format == "torch":
-            return _Torch([out])
-        files = sorted({s.file for s in written.storages.values()}) or [os.path.basename(out)]
-        if torch_weights(tuple(files)):
-            return _Torch([os.path.join(out, file) for file in files])
-        return _Safetensors(out, written, files)
-    except ImportError:
-        return None
-
-
 @contextmanager
-def reference_check(original: Checkpoint, written: Checkpoint, out: str) -> Iterator[ReferenceCheck | None]:
+def reference_check(
+    original: OpenCheckpoint, written: Checkpoint, out: str
+) -> Iterator[ReferenceCheck | None]:
     """The reference loader's reading of out (None where the loader is not installed), checked to
     hold the tensors tieaudit's reading holds; ReferenceMismatch when the loader refuses it."""
     try:
-        loaded = _loaded(out, written)
+        loaded = load_reference(out, written)
     except ReferenceMismatch as exc:
         raise ReferenceMismatch(exc.message, out) from exc
     if loaded is None:
@@ -395,5 +119,5 @@ def reference_check(original: Checkpoint, written: Checkpoint, out: str) -> Iter
         found.update((name, s) for name, s in sources(written).items() if name not in found)
     for name, source in loaded.ties().items():
         found.setdefault(name, source)
-    with _numpy_float8():
+    with numpy_float8():
         yield ReferenceCheck(original, loaded, found)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.dtypes import to_numpy
 from tieaudit.core.records import Checkpoint
 
@@ -35,14 +36,14 @@ def sources(ckpt: Checkpoint) -> dict[str, Source]:
         if target in stored:
             found.setdefault(alias, Source(target, "equal"))
     for tie in ckpt.declared_ties:
-        if tie.declared_by in ("metadata", "index") and tie.source in stored and tie.target not in stored:
-            found.setdefault(tie.target, Source(tie.source, tie.relation, tie.dtype))
+        if tie.declared_by in ("metadata", "index") and tie.kept in stored and tie.dropped not in stored:
+            found.setdefault(tie.dropped, Source(tie.kept, tie.relation, tie.dtype))
     return found
 
 
-def restored_array(ckpt: Checkpoint, source: Source) -> np.ndarray:
+def restored_array(opened: OpenCheckpoint, source: Source) -> np.ndarray:
     """The values of a name (a zero-copy view except for a cast)."""
-    array = ckpt.array(ckpt.tensor(source.name))
+    array = opened.array(opened.checkpoint.tensor(source.name))
     if source.relation == "transposed":
         return array.T
     if source.relation == "cast" and source.dtype is not None:

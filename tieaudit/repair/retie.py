@@ -15,11 +15,13 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.errors import OutputError, TieauditError, UsageError
 from tieaudit.core.fsops import fsync_path
 from tieaudit.core.interrupts import SignalGuard, signals_guarded, worker_pool
-from tieaudit.core.records import Checkpoint, Format
+from tieaudit.core.records import Format
 from tieaudit.formats import open_checkpoint
+from tieaudit.graph import DEFAULT_MIN_BYTES
 from tieaudit.graph.alias import build_graph
 from tieaudit.repair.interface import Writer
 from tieaudit.repair.plan import RetiePlan, make_plan
@@ -44,7 +46,7 @@ _WRITERS: dict[Format, tuple[str, str]] = {
 before_rename: Callable[[str], None] = lambda staged: None  # noqa: E731 - a seam for fault-injection tests
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RetieResult:
     """What retie did."""
 
@@ -94,12 +96,12 @@ def _fsync_all(files: list[str]) -> None:
 def retie(
     source: str,
     out: str,
+    *,
     relations: frozenset[str] | None = None,
     keep: str | None = None,
     dry_run: bool = False,
     in_place: bool = False,
-    min_bytes: int = 1024,
-    *,
+    min_bytes: int = DEFAULT_MIN_BYTES,
     all_equal: bool = False,
 ) -> RetieResult:
     """Turn the copies in source back into ties and write the result to out, verified.
@@ -112,15 +114,15 @@ def retie(
     if paths is None and not os.path.exists(source):
         raise UsageError("no such file or folder", source)
     try:
-        options = _Request(relations, keep, min_bytes, all_equal)
-        return _retie(source, out, paths, options)
+        options = _Request(relations=relations, keep=keep, min_bytes=min_bytes, all_equal=all_equal)
+        return _retie(source, out, paths, request=options)
     except TieauditError as exc:
         if paths is not None and exc.path == paths.source.path:
             exc.path = source  # IN as the user typed it, not as resolved
         raise
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Request:
     """What to re-tie, as given to ``retie``."""
 
@@ -134,10 +136,16 @@ class _Request:
     """Re-tie every equal copy, also those the format's loader does not restore."""
 
 
-def _retie(source: str, out: str, paths: RetiePaths | None, request: _Request) -> RetieResult:
-    with open_checkpoint(source if paths is None else paths.source.path) as ckpt:
+def _retie(source: str, out: str, paths: RetiePaths | None, *, request: _Request) -> RetieResult:
+    with open_checkpoint(source if paths is None else paths.source.path) as opened:
+        ckpt = opened.checkpoint
         made = make_plan(
-            build_graph(ckpt), request.relations, request.keep, request.min_bytes, all_equal=request.all_equal
+            build_graph(ckpt),
+            opened,
+            relations=request.relations,
+            keep=request.keep,
+            min_bytes=request.min_bytes,
+            all_equal=request.all_equal,
         )
         plan = dataclasses.replace(made, path=source)
         # A folder is measured whole, like the output folder; a file with its external data.
@@ -145,30 +153,37 @@ def _retie(source: str, out: str, paths: RetiePaths | None, request: _Request) -
         single = not os.path.isdir(ckpt.path) and ckpt.files
         input_bytes = sum(_size(os.path.join(root, f)) for f in ckpt.files) if single else _size(ckpt.path)
         if paths is None:
-            return RetieResult(plan, None, None, input_bytes, 0)
+            return RetieResult(plan=plan, written=None, backup=None, input_bytes=input_bytes, output_bytes=0)
         try:
             with signals_guarded() as guard:
-                output_bytes, notes = _write_and_publish(ckpt, plan, paths, guard)
+                output_bytes, notes = _write_and_publish(opened, plan, paths, guard=guard)
         except OSError as exc:  # disk full, quota, permissions: OUT never appears
             raise OutputError(f"cannot write: {exc.strerror or exc}", out) from exc
     backup = None if paths.backup is None else out + BACKUP_SUFFIX
-    return RetieResult(plan, out, backup, input_bytes, output_bytes, tuple(notes))
+    return RetieResult(
+        plan=plan,
+        written=out,
+        backup=backup,
+        input_bytes=input_bytes,
+        output_bytes=output_bytes,
+        notes=tuple(notes),
+    )
 
 
 def _write_and_publish(
-    ckpt: Checkpoint, plan: RetiePlan, paths: RetiePaths, guard: SignalGuard
+    opened: OpenCheckpoint, plan: RetiePlan, paths: RetiePaths, *, guard: SignalGuard
 ) -> tuple[int, list[str]]:
     """Write in the stage, verify, publish; the stage is removed whatever happens (signals included)."""
     stage, notes = stage_path(paths.out)
     try:
         os.mkdir(stage)
         staged = os.path.join(stage, paths.out.name)
-        files = _writer(ckpt.format).write(ckpt, plan, staged)
+        files = _writer(opened.checkpoint.format).write(opened, plan, staged)
         # Flushing to disk and reading back overlap; the rename waits for both.
         with worker_pool(1, "fsync") as pool:
             syncing = pool.submit(_fsync_all, files)
             try:
-                verify_output(ckpt, staged)
+                verify_output(opened, staged)
             except (VerificationError, ReferenceMismatch) as exc:  # named as OUT: the stage goes away
                 raise type(exc)(f"{exc.message}; nothing was written", paths.out_given) from exc
             syncing.result()
@@ -176,7 +191,7 @@ def _write_and_publish(
         before_rename(staged)
         with guard.deferred():  # a signal now waits until OUT (or IN and IN.bak) is whole
             if paths.backup is None:
-                publish(stage, paths)
+                publish(stage, out=paths.out, out_given=paths.out_given)
             else:
                 publish_in_place(stage, paths)
     finally:

@@ -17,9 +17,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.errors import UnsupportedFormatError
 from tieaudit.core.interrupts import worker_pool
-from tieaudit.core.records import Checkpoint, TensorInfo
+from tieaudit.core.records import TensorInfo
 from tieaudit.formats.safetensors import SAFETENSORS_DTYPES
 
 WRITER_THREADS = 2
@@ -101,34 +102,38 @@ def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
         view, offset = view[written:], offset + written
 
 
-def write_tensor(fd: int, offset: int, ckpt: Checkpoint, tensor: TensorInfo) -> int:
+def write_tensor(fd: int, offset: int, opened: OpenCheckpoint, *, tensor: TensorInfo) -> int:
     """Write one tensor's bytes at offset of fd; returns the bytes written.
 
     A contiguous file-backed tensor is copied inside the kernel (copy_file_range); anything else
     goes through bounded chunks, releasing the input pages behind it.
     """
-    array = ckpt.array(tensor)
-    storage = ckpt.storages[tensor.storage_id]
+    array = opened.array(tensor)
+    storage = opened.storage(tensor)
     start, end = tensor.byte_span()
     contiguous = bool(array.flags.c_contiguous)
-    if contiguous and end - start == tensor.nbytes and ckpt.store.copy_to(storage, start, end, fd, offset):
+    if (
+        contiguous
+        and end - start == tensor.nbytes
+        and opened.store.copy_to(storage, start, end, out_fd=fd, out_offset=offset)
+    ):
         start_writeback(fd, offset, tensor.nbytes)
         return tensor.nbytes
     written = 0
     for chunk in byte_chunks(array.reshape(1) if array.ndim == 0 else array):
         pwrite_all(fd, chunk, offset + written)
         if contiguous:  # bound resident memory to about one chunk: these pages were only read
-            ckpt.store.drop(storage, start + written, start + written + len(chunk))
+            opened.release(tensor, start + written, start + written + len(chunk))
         written += len(chunk)
-    ckpt.store.drop(storage, start, end)
+    opened.release(tensor, start, end)
     start_writeback(fd, offset, written)
     return written
 
 
 def write_safetensors(
-    path: str, ckpt: Checkpoint, tensors: Sequence[TensorInfo], metadata: Mapping[str, str]
+    path: str, opened: OpenCheckpoint, tensors: Sequence[TensorInfo], *, metadata: Mapping[str, str]
 ) -> None:
-    """Create path (it must not exist) holding tensors, in this order, with their bytes from ckpt.
+    """Create path (it must not exist) holding tensors, in this order, with their bytes from opened.
 
     Every tensor's place is known from the header, so tensors are written at their offsets by two
     threads (the copies run in the kernel or in numpy/memcpy, outside the GIL).
@@ -143,7 +148,7 @@ def write_safetensors(
         pwrite_all(fd, header, 0)
         with worker_pool(WRITER_THREADS, "write") as pool:  # all workers end before fd closes
             jobs = [
-                pool.submit(write_tensor, fd, offset, ckpt, t)
+                pool.submit(write_tensor, fd, offset, opened=opened, tensor=t)
                 for offset, t in zip(offsets[:-1], tensors, strict=True)
             ]
             for tensor, job in zip(tensors, jobs, strict=True):

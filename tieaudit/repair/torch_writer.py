@@ -14,8 +14,8 @@ import pickle
 from collections.abc import Callable
 from typing import Any
 
-from tieaudit.core.errors import InputError, UnsupportedFormatError
-from tieaudit.core.records import Checkpoint
+from tieaudit.core.bytestore import OpenCheckpoint
+from tieaudit.core.errors import InputError, UnsupportedFormatError, one_line
 from tieaudit.formats.torch_file import ROOT_NAME, ZIP_MAGIC
 from tieaudit.formats.torch_file import key_name as key_name  # the reader's naming, shared on purpose
 from tieaudit.repair.interface import Writer
@@ -46,8 +46,9 @@ def load_weights(path: str) -> Any:
     try:
         return torch.load(path, weights_only=True, mmap=zipped, map_location="cpu")
     except (pickle.UnpicklingError, RuntimeError, ValueError, EOFError) as exc:
-        detail = (str(exc).splitlines() or [""])[0][:200]
-        raise InputError(f"torch.load(weights_only=True) cannot load it ({detail})", path) from None
+        raise InputError(
+            f"torch.load(weights_only=True) cannot load it ({one_line(exc, 200)})", path
+        ) from None
 
 
 def _is_container(torch: Any, value: object) -> bool:
@@ -97,7 +98,7 @@ def named_tensors(torch: Any, root: Any) -> dict[str, Any]:
     return tensors
 
 
-def stand_in(torch: Any, kept: Any, dropped: Any, transposed: bool) -> Any:
+def stand_in(torch: Any, kept: Any, dropped: Any, *, transposed: bool) -> Any:
     """What takes the dropped entry's place: kept itself, or its transpose as a view of its storage.
 
     The entry's type and requires_grad stay as they were: a Parameter stays a Parameter (sharing
@@ -123,14 +124,14 @@ def _check(decision: Decision, tensors: dict[str, Any], path: str) -> None:
         raise InputError(f"{decision.dropped} and {decision.kept} differ in shape or dtype in torch", path)
 
 
-def retied(torch: Any, root: Any, plan: RetiePlan, path: str) -> Any:
+def retied(torch: Any, root: Any, plan: RetiePlan, *, path: str) -> Any:
     """root with every applied decision's dropped entry replaced by its stand-in."""
     tensors = named_tensors(torch, root)
     replacements: dict[str, Any] = {}
     for decision in plan.applied:
         _check(decision, tensors, path)
         kept, dropped = tensors[decision.kept], tensors[decision.dropped]
-        replacements[decision.dropped] = stand_in(torch, kept, dropped, decision.transposed)
+        replacements[decision.dropped] = stand_in(torch, kept, dropped, transposed=decision.transposed)
     seen: set[str] = set()
 
     def replace(name: str, value: Any) -> Any:
@@ -146,10 +147,11 @@ class TorchWriter(Writer):
 
     format = "torch"
 
-    def write(self, ckpt: Checkpoint, plan: RetiePlan, out: str) -> list[str]:
-        """Load ckpt with weights_only, re-tie the plan's copies, torch.save to out (zip format)."""
+    def write(self, opened: OpenCheckpoint, plan: RetiePlan, out: str) -> list[str]:
+        """Load the file with weights_only, re-tie the plan's copies, torch.save to out (zip format)."""
+        ckpt = opened.checkpoint
         torch = torch_module(ckpt.path)
 
         root = load_weights(ckpt.path)
-        torch.save(retied(torch, root, plan, ckpt.path), out)
+        torch.save(retied(torch, root, plan, path=ckpt.path), out)
         return [out]

@@ -11,9 +11,10 @@ import threading
 
 import numpy as np
 
+from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.errors import TieauditError
 from tieaudit.core.interrupts import worker_pool
-from tieaudit.core.records import Checkpoint, TensorInfo
+from tieaudit.core.records import TensorInfo
 from tieaudit.formats import open_checkpoint
 from tieaudit.graph.compare import BlockComparer
 from tieaudit.repair.reference import ReferenceCheck, reference_check
@@ -44,9 +45,10 @@ VERIFY_THREADS = 2
 
 
 def _problem(
-    original: Checkpoint,
-    written: Checkpoint,
+    original: OpenCheckpoint,
+    written: OpenCheckpoint,
     tensor: TensorInfo,
+    *,
     source: Source | None,
     reference: ReferenceCheck | None,
 ) -> str | None:
@@ -71,24 +73,24 @@ def _problem(
         _release(original, tensor.name)
 
 
-def verify_output(original: Checkpoint, out: str) -> None:
+def verify_output(original: OpenCheckpoint, out: str) -> None:
     """Re-read out; raise VerificationError naming the first name that is missing or differs.
 
     Names are compared by two threads: memcmp and the page faults behind it run outside the GIL.
     """
-    with open_checkpoint(out) as written, reference_check(original, written, out) as reference:
-        provided = sources(written)
+    with open_checkpoint(out) as written, reference_check(original, written.checkpoint, out) as reference:
+        provided = sources(written.checkpoint)
         with worker_pool(VERIFY_THREADS, "verify") as pool:
             problems = pool.map(
-                lambda t: _problem(original, written, t, provided.get(t.name), reference), original.tensors
+                lambda t: _problem(original, written, t, source=provided.get(t.name), reference=reference),
+                original.checkpoint.tensors,
             )
             for problem in problems:
                 if problem is not None:
                     raise VerificationError(problem, out)
 
 
-def _release(ckpt: Checkpoint, name: str) -> None:
+def _release(opened: OpenCheckpoint, name: str) -> None:
     """Give back the pages just compared, so verification's memory stays bounded per tensor."""
-    tensor = ckpt.tensor(name)
-    begin, end = tensor.byte_span()
-    ckpt.store.drop(ckpt.storages[tensor.storage_id], begin, end)
+    tensor = opened.checkpoint.tensor(name)
+    opened.release(tensor, *tensor.byte_span())

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from tieaudit.audit import Audit
 from tieaudit.core.units import human_bytes
 from tieaudit.core.version import __version__
 from tieaudit.gate.check import Checked, CheckResult
 
+InspectFormat = Literal["text", "json", "dot"]
+"""What ``inspect`` writes."""
+CheckFormat = Literal["text", "json", "sarif"]
+"""What ``check`` writes."""
 
-def render(audit: Audit, fmt: str, color: bool = False) -> str:
+
+def render(audit: Audit, fmt: InspectFormat, *, color: bool = False) -> str:
     """Render one audit in the named format."""
     if fmt == "json":
         from tieaudit.report.json_report import render_json
@@ -50,14 +55,14 @@ def check_dict(result: CheckResult) -> dict[str, Any]:
         "tieaudit_version": __version__,
         "reports": [_check_report(c) for c in result.checked],
         "errors": [{"path": e.path, "message": e.message} for e in result.errors],
-        "summary": result.summary(),
+        "summary": result.summary().as_dict(),
     }
     if result.baseline is not None:
         document["baseline"] = result.baseline.path
     return document
 
 
-def render_check(result: CheckResult, fmt: str, color: bool = False) -> str:
+def render_check(result: CheckResult, fmt: CheckFormat, *, color: bool = False) -> str:
     """Render a check run as text, json (report/1 or check/1) or sarif."""
     if fmt == "json":
         return json.dumps(check_dict(result), indent=2) + "\n"
@@ -74,13 +79,13 @@ def check_summary_line(result: CheckResult) -> str:
     """The closing line on stderr: checkpoints, failing, errors, baselined, wasted bytes."""
     summary = result.summary()
     parts = [
-        f"{summary['checkpoints']} checkpoints",
-        f"{summary['failing']} failing",
-        f"{summary['errors']} errors",
+        f"{summary.checkpoints} checkpoints",
+        f"{summary.failing} failing",
+        f"{summary.errors} errors",
     ]
     if result.baseline is not None:
-        parts.append(f"{summary['baselined']} baselined findings")
-        if summary["stale_baseline_entries"]:
-            parts.append(f"{summary['stale_baseline_entries']} baseline entries no longer found")
-    parts.append(f"{human_bytes(summary['wasted_bytes'])} wasted")
+        parts.append(f"{summary.baselined} baselined findings")
+        if summary.stale_baseline_entries:
+            parts.append(f"{summary.stale_baseline_entries} baseline entries no longer found")
+    parts.append(f"{human_bytes(summary.wasted_bytes)} wasted")
     return "tieaudit: " + ", ".join(parts)

@@ -40,8 +40,8 @@ def render_dot(audit: Audit) -> str:
         )
     stored = ckpt.names
     for state in audit.graph.ties:
-        target = name_node(state.tie.target, state.tie.target in stored)
-        source = name_node(state.tie.source, state.tie.source in stored)
+        target = name_node(state.tie.dropped, state.tie.dropped in stored)
+        source = name_node(state.tie.kept, state.tie.kept in stored)
         color = "darkgreen" if state.shared_storage else "orange"
         lines.append(
             f"  {target} -> {source} [style=dashed, color={color}, "

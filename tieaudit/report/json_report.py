@@ -7,7 +7,7 @@ from typing import Any
 
 from tieaudit.audit import Audit
 from tieaudit.core.version import __version__
-from tieaudit.rules.registry import Finding
+from tieaudit.rules.finding import Finding
 
 SCHEMA = "tieaudit.report/1"
 
@@ -65,18 +65,18 @@ def report_dict(audit: Audit) -> dict[str, Any]:
         ],
         "declared_ties": [
             {
-                "target": s.tie.target,
-                "source": s.tie.source,
+                "target": s.tie.dropped,
+                "source": s.tie.kept,
                 "declared_by": s.tie.declared_by,
                 "where": s.tie.where,
-                "target_stored": s.target_stored,
-                "source_stored": s.source_stored,
+                "target_stored": s.dropped_stored,
+                "source_stored": s.kept_stored,
                 "shared_storage": s.shared_storage,
             }
             for s in audit.graph.ties
         ],
         "findings": [finding_dict(f) for f in audit.findings],
-        "summary": audit.summary(),
+        "summary": audit.summary().as_dict(),
     }
     if ckpt.skipped:
         listed = ckpt.skipped[:MAX_LISTED_SKIPPED]

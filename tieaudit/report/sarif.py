@@ -17,7 +17,8 @@ from urllib.parse import quote_from_bytes
 from tieaudit.core.escape import printable
 from tieaudit.core.version import __version__
 from tieaudit.gate.check import Checked, CheckResult
-from tieaudit.rules.registry import RULES, Finding
+from tieaudit.rules.finding import Finding
+from tieaudit.rules.registry import RULES
 
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 SRCROOT = "%SRCROOT%"
@@ -92,7 +93,7 @@ def _rules() -> list[dict[str, Any]]:
     ]
 
 
-def _result(checked: Checked, index: int, root: str, baseline_name: str | None) -> dict[str, Any]:
+def _result(checked: Checked, index: int, root: str, *, baseline_name: str | None) -> dict[str, Any]:
     finding = checked.audit.findings[index]
     ckpt = checked.audit.graph.checkpoint
     # Shown in code scanning's UI and logs: one escaped line, like the terminal gets.
@@ -151,7 +152,7 @@ def sarif_dict(result: CheckResult, root: str | None = None) -> dict[str, Any]:
                     {"executionSuccessful": not result.errors, "toolExecutionNotifications": notifications}
                 ],
                 "results": [
-                    _result(checked, index, root, baseline_name)
+                    _result(checked, index, root, baseline_name=baseline_name)
                     for checked in result.checked
                     for index in range(len(checked.audit.findings))
                 ],

@@ -40,11 +40,11 @@ def cells(names: tuple[str, ...] | list[str]) -> Text:
 def _tie_status(state: TieState) -> str:
     if state.shared_storage:
         return "tied on disk (one storage)"
-    if state.target_stored and state.source_stored:
+    if state.dropped_stored and state.kept_stored:
         return "both stored separately"
-    if state.source_stored:
+    if state.kept_stored:
         return "target not stored (loader must re-tie)"
-    if state.target_stored:
+    if state.dropped_stored:
         return "only target stored"
     return "neither stored"
 
@@ -64,7 +64,7 @@ def _ties_table(audit: Audit) -> Table:
         table.add_column(column)
     for state in audit.graph.ties:
         table.add_row(
-            cell(state.tie.target), cell(state.tie.source), cell(state.tie.where), _tie_status(state)
+            cell(state.tie.dropped), cell(state.tie.kept), cell(state.tie.where), _tie_status(state)
         )
     return table
 
@@ -116,9 +116,9 @@ def render_text(audit: Audit, color: bool = False, width: int = 120) -> str:
     console.print(
         cell(ckpt.path, "bold"),
         Text(
-            f"  format {ckpt.format}  {summary['tensors']} tensors in "
-            f"{summary['storages']} storages, {human_bytes(summary['bytes'])} stored"
-            + (f", {human_bytes(summary['wasted_bytes'])} wasted" if summary["wasted_bytes"] else "")
+            f"  format {ckpt.format}  {summary.tensors} tensors in "
+            f"{summary.storages} storages, {human_bytes(summary.bytes)} stored"
+            + (f", {human_bytes(summary.wasted_bytes)} wasted" if summary.wasted_bytes else "")
         ),
         sep="",
         highlight=False,
@@ -154,9 +154,9 @@ def render_check_text(result: CheckResult, color: bool = False, width: int = 120
         console.print(
             status,
             Text(
-                f"{printable(ckpt.path)}  ({ckpt.format}, {summary['tensors']} tensors, "
-                f"{human_bytes(summary['bytes'])}"
-                + (f", {human_bytes(summary['wasted_bytes'])} wasted" if summary["wasted_bytes"] else "")
+                f"{printable(ckpt.path)}  ({ckpt.format}, {summary.tensors} tensors, "
+                f"{human_bytes(summary.bytes)}"
+                + (f", {human_bytes(summary.wasted_bytes)} wasted" if summary.wasted_bytes else "")
                 + ")"
             ),
             sep="",

@@ -18,8 +18,10 @@ from tieaudit.core.errors import UsageError
 from tieaudit.core.globs import compile_glob, glob_matches, posix_relative
 from tieaudit.core.limits import NotRegularFile, TooLarge, nesting_depth_exceeds, parse_failure, read_limited
 from tieaudit.core.records import DeclaredTie
-from tieaudit.graph.detect import ALL_RELATIONS, DEFAULT_MIN_BYTES
-from tieaudit.rules.registry import RULES, SEVERITY_RANK, Severity
+from tieaudit.graph import DEFAULT_MIN_BYTES
+from tieaudit.graph.detect import ALL_RELATIONS
+from tieaudit.rules.finding import SEVERITIES, Severity
+from tieaudit.rules.registry import RULES
 
 PATH_TABLE = "path"
 """The array of tables holding per-glob overrides: ``[[path]]``."""
@@ -49,7 +51,7 @@ class PathPolicy:
     """The Policy fields this entry sets (attribute names), already validated."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Policy:
     """Settings for one audit."""
 
@@ -113,9 +115,10 @@ class Policy:
 
 
 def _severity(value: Any, where: str) -> Severity:
-    if not isinstance(value, str) or value not in SEVERITY_RANK:
-        raise UsageError(f"severity must be error, warning or note, not {brief(value)}", where)
-    return value  # type: ignore[return-value]
+    for severity in SEVERITIES:
+        if value == severity:
+            return severity
+    raise UsageError(f"severity must be error, warning or note, not {brief(value)}", where)
 
 
 def _rule_ids(values: Any, where: str) -> frozenset[str]:
@@ -157,7 +160,9 @@ def _expected(entries: Any, where: str) -> tuple[DeclaredTie, ...]:
             or not isinstance(entry.get("source"), str)
         ):
             raise UsageError(f"expect-tie entry {brief(entry)} needs string target and source", where)
-        ties.append(DeclaredTie(entry["target"], entry["source"], "policy", where))
+        ties.append(
+            DeclaredTie(dropped=entry["target"], kept=entry["source"], declared_by="policy", where=where)
+        )
     return tuple(ties)
 
 

@@ -1,109 +1,73 @@
-"""Rule ids (stable: SARIF, baselines and --ignore rely on them) and the Finding record."""
+"""Every rule tieaudit emits, collected from the family modules, and ``evaluate``, which runs them.
+
+``RULES`` is the one list: SARIF's ``driver.rules``, ``--ignore``, the policy's ``[severity]`` table
+and the README's rule table all come from (or are tested against) it, so a rule that no code emits
+cannot be published. Ids are added, never renumbered (TIE007, optimizer-state-split, is reserved
+in DESIGN.md and joins when the training-checkpoint reader emits it).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Literal
+import dataclasses
+from typing import TYPE_CHECKING
 
-Severity = Literal["error", "warning", "note"]
-SEVERITY_RANK: dict[str, int] = {"note": 0, "warning": 1, "error": 2}
+from tieaudit.core.bytestore import OpenCheckpoint
+from tieaudit.graph.alias import AliasGraph
+from tieaudit.graph.declared_copies import declared_copy_groups
+from tieaudit.graph.detect import find_copies, lookup_tables
+from tieaudit.rules.copies import UNTIED_COPY
+from tieaudit.rules.declared import BROKEN, ORPHAN
+from tieaudit.rules.expected import EXPECTED_MISSING
+from tieaudit.rules.finding import Audited, Finding, Rule, most_severe_first
+from tieaudit.rules.overlap import OVERLAPPING
+from tieaudit.rules.runtime_duplicate import RUNTIME_DUPLICATE
+from tieaudit.rules.vocab import VOCAB_MISALIGNED
+from tieaudit.rules.waste import WASTED_BYTES_CAP
 
-
-@dataclass(frozen=True)
-class Rule:
-    """One check tieaudit makes."""
-
-    id: str
-    """Stable id, e.g. TIE001."""
-    kind: str
-    """Short slug, e.g. untied-copy."""
-    severity: Severity
-    """Default severity."""
-    summary: str
-    """One sentence a person understands at once."""
-
+if TYPE_CHECKING:
+    from tieaudit.rules.policy import Policy
 
 RULES: dict[str, Rule] = {
-    r.id: r
-    for r in (
-        Rule(
-            "TIE001", "untied-copy", "warning", "Two or more matrices hold equal values in separate storage."
+    rule.id: rule
+    for rule in sorted(
+        (
+            UNTIED_COPY,
+            BROKEN,
+            ORPHAN,
+            VOCAB_MISALIGNED,
+            RUNTIME_DUPLICATE,
+            OVERLAPPING,
+            EXPECTED_MISSING,
+            WASTED_BYTES_CAP,
         ),
-        Rule(
-            "TIE002",
-            "declared-tie-broken",
-            "error",
-            "A tie is declared, both names are stored, and their values differ.",
-        ),
-        Rule(
-            "TIE003",
-            "declared-tie-orphan",
-            "error",
-            "A tie is declared but only its target is stored; loaders disagree on this layout.",
-        ),
-        Rule(
-            "TIE004",
-            "vocab-misaligned",
-            "error",
-            "Embedding rows, output rows, output bias and declared vocabulary size disagree.",
-        ),
-        Rule(
-            "TIE005",
-            "runtime-duplicate",
-            "warning",
-            "ONNX Runtime materialises another copy of a shared initializer.",
-        ),
-        Rule(
-            "TIE006",
-            "overlapping-views",
-            "warning",
-            "Names share a storage with partially overlapping, non-identical views.",
-        ),
-        Rule(
-            "TIE007",
-            "optimizer-state-split",
-            "warning",
-            "Optimizer state is kept separately for what is one tied parameter, or for a copy.",
-        ),
-        Rule(
-            "TIE008",
-            "expected-tie-missing",
-            "error",
-            "The policy requires a tie that the checkpoint does not have.",
-        ),
-        Rule(
-            "TIE009",
-            "wasted-bytes-cap",
-            "error",
-            "The bytes a checkpoint wastes on copies exceed the policy's max-wasted-bytes.",
-        ),
+        key=lambda rule: rule.id,
     )
 }
+"""Every emitted rule by id, in id order."""
 
 
-@dataclass(frozen=True)
-class Finding:
-    """One problem, with what it costs and how to fix it."""
+def _applied(findings: list[Finding], policy: Policy) -> list[Finding]:
+    """The policy's ignores dropped and its severities set."""
+    return [
+        dataclasses.replace(f, severity=policy.severity.get(f.rule, f.severity))
+        for f in findings
+        if f.rule not in policy.ignore
+    ]
 
-    rule: str
-    """Rule id (TIE001...)."""
-    severity: Severity
-    """error, warning or note (policy may change the rule default)."""
-    names: tuple[str, ...]
-    """Tensor names involved, as stored."""
-    message: str
-    """What is wrong, in one or two sentences."""
-    relation: str | None = None
-    """equal, transposed or cast for copies; None where not a copy."""
-    wasted_bytes: int = 0
-    """Bytes a fix would save."""
-    fix: str | None = None
-    """The command or change that fixes it."""
-    details: Mapping[str, object] = field(default_factory=dict)
-    """Extra measured facts (max_abs_diff, differing_fraction, ...)."""
 
-    @property
-    def kind(self) -> str:
-        """The rule's slug."""
-        return RULES[self.rule].kind
+def evaluate(
+    graph: AliasGraph, opened: OpenCheckpoint, policy: Policy, *, measured: tuple[Finding, ...] = ()
+) -> tuple[Finding, ...]:
+    """Every finding of every rule for one checkpoint (measured: TIE005 from the runtime stage),
+    with the policy's severities and ignores applied, most severe first."""
+    ckpt = graph.checkpoint
+    sources = frozenset(s.tie.kept for s in graph.ties)
+    groups = find_copies(
+        opened, policy.relations, policy.min_bytes, lookup_names=lookup_tables(ckpt), sources=sources
+    )
+    groups += declared_copy_groups(graph, opened, frozenset(n for g in groups for n in g.names))
+    audited = Audited(graph=graph, opened=opened, policy=policy, copies=tuple(groups), measured=measured)
+    found = _applied([f for r in RULES.values() if not r.over_findings for f in r.check(audited)], policy)
+    after = dataclasses.replace(audited, found=tuple(found))
+    found += _applied([f for r in RULES.values() if r.over_findings for f in r.check(after)], policy)
+    return most_severe_first(found)

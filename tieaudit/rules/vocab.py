@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from tieaudit.core.records import Checkpoint, TensorInfo
 from tieaudit.graph.alias import AliasGraph, relate
 from tieaudit.graph.detect import CopyGroup
-from tieaudit.rules.registry import Finding
+from tieaudit.rules.finding import Audited, Finding, Rule
 
 EMBEDDING_NAMES = (
     "model.embed_tokens.weight",
@@ -86,10 +86,10 @@ def vocabulary(graph: AliasGraph) -> Vocabulary:
     ties = [s.tie for s in graph.ties]
     if embedding is None or output is None:
         for tie in ties:
-            source, target = _stored(ckpt, tie.source, (2,)), _stored(ckpt, tie.target, (2,))
-            if output is not None and tie.target != output.name:
+            source, target = _stored(ckpt, tie.kept, (2,)), _stored(ckpt, tie.dropped, (2,))
+            if output is not None and tie.dropped != output.name:
                 continue
-            if embedding is not None and tie.source != embedding.name:
+            if embedding is not None and tie.kept != embedding.name:
                 continue
             if source is not None:
                 embedding, output = source, output or target
@@ -98,7 +98,7 @@ def vocabulary(graph: AliasGraph) -> Vocabulary:
     return Vocabulary(embedding, output, bias)
 
 
-def transposed_to(graph: AliasGraph, groups: Sequence[CopyGroup], output: str, embedding: str) -> bool:
+def transposed_to(graph: AliasGraph, groups: Sequence[CopyGroup], output: str, *, embedding: str) -> bool:
     """Whether output holds embedding's values transposed: a transposed view of the same storage,
     a verified transposed copy, or a tie recorded as transposed."""
     ckpt = graph.checkpoint
@@ -110,14 +110,15 @@ def transposed_to(graph: AliasGraph, groups: Sequence[CopyGroup], output: str, e
         if output in flips and embedding in flips:
             return flips[output] != flips[embedding]
     return any(
-        s.tie.relation == "transposed" and {s.tie.target, s.tie.source} == {output, embedding}
+        s.tie.relation == "transposed" and {s.tie.dropped, s.tie.kept} == {output, embedding}
         for s in graph.ties
     )
 
 
-def vocab_findings(graph: AliasGraph, groups: Sequence[CopyGroup] = ()) -> Iterator[Finding]:
+def vocab_findings(audited: Audited) -> Iterator[Finding]:
     """TIE004: rows of the embedding and the output projection, output bias, vocab sizes agree
-    (groups: the verified copies, which tell a transposed copy of the embedding)."""
+    (the verified copies tell a transposed copy of the embedding)."""
+    graph, groups = audited.graph, audited.copies
     ckpt = graph.checkpoint
     found = vocabulary(graph)
     embedding, output, bias = found.embedding, found.output, found.bias
@@ -129,7 +130,9 @@ def vocab_findings(graph: AliasGraph, groups: Sequence[CopyGroup] = ()) -> Itera
         sizes[f"embedding rows ({embedding.name})"] = embedding.shape[0]
         names.append(embedding.name)
     if output is not None:
-        flipped = embedding is not None and transposed_to(graph, groups, output.name, embedding.name)
+        flipped = embedding is not None and transposed_to(
+            graph, groups, output.name, embedding=embedding.name
+        )
         label = "output rows, stored transposed" if flipped else "output rows"
         sizes[f"{label} ({output.name})"] = output.shape[1 if flipped else 0]
         names.append(output.name)
@@ -141,21 +144,26 @@ def vocab_findings(graph: AliasGraph, groups: Sequence[CopyGroup] = ()) -> Itera
         sizes[f"config vocab_size ({config.file})"] = config.vocab_size
     if len(set(sizes.values())) > 1:
         listing = ", ".join(f"{k} = {v}" for k, v in sizes.items())
-        yield Finding(
-            "TIE004",
-            "error",
-            tuple(names),
+        yield VOCAB_MISALIGNED.finding(
+            names,
             f"vocabulary sizes disagree: {listing}.",
             details={"sizes": sizes},
         )
     rows = embedding.shape[0] if embedding else (config.vocab_size if config else None)
     if config is not None and config.tokenizer_vocab_size is not None and rows is not None:
         if config.tokenizer_vocab_size > rows:
-            yield Finding(
-                "TIE004",
-                "error",
-                tuple(names),
+            yield VOCAB_MISALIGNED.finding(
+                names,
                 f"the tokenizer has {config.tokenizer_vocab_size} tokens but the embedding has {rows} rows: "
                 f"ids past {rows - 1} index out of range.",
                 details={"tokenizer_vocab_size": config.tokenizer_vocab_size, "rows": rows},
             )
+
+
+VOCAB_MISALIGNED = Rule(
+    id="TIE004",
+    kind="vocab-misaligned",
+    severity="error",
+    summary="Embedding rows, output rows, output bias and declared vocabulary size disagree.",
+    check=vocab_findings,
+)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from tieaudit.core.errors import TieauditError, UsageError, one_line
 from tieaudit.graph.detect import ALL_RELATIONS, CopyGroup
 from tieaudit.repair.plan import Decision
-from tieaudit.rules.registry import Finding
+from tieaudit.rules.finding import Finding
 from tieaudit.runtime.export_source import ExportSource, load_source, parameter_sizes
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ class ExportError(TieauditError):
     """The exporter, the re-tie or ONNX Runtime failed on this model."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ExportResult:
     """What ``tieaudit export`` did and checked."""
 
@@ -158,11 +158,12 @@ def _stored(
     from tieaudit.formats import open_checkpoint
     from tieaudit.graph.detect import find_copies, lookup_tables
 
-    with open_checkpoint(path) as ckpt:
+    with open_checkpoint(path) as opened:
+        ckpt = opened.checkpoint
         stored_ids = {aliases[t.name] for t in ckpt.tensors if t.name in aliases}
         param_bytes = sum(t.nbytes for t in ckpt.tensors if t.name in aliases)
         total = sum(t.nbytes for t in ckpt.tensors)
-        remaining = find_copies(ckpt, ALL_RELATIONS, lookup_names=lookup_tables(ckpt))
+        remaining = find_copies(opened, ALL_RELATIONS, lookup_names=lookup_tables(ckpt))
     first_name: dict[int, str] = {}
     for name, ident in aliases.items():
         first_name.setdefault(ident, name)
@@ -170,25 +171,17 @@ def _stored(
     return param_bytes, total, missing, tuple(remaining)
 
 
-def _publish(stage: str, out: str) -> None:
-    """Move OUT.data (if any) and then OUT from the staging folder into place."""
-    base = os.path.basename(os.path.abspath(out))
-    for entry in sorted(os.listdir(stage), key=lambda e: e == base):
-        target = os.path.join(os.path.dirname(os.path.abspath(out)), entry)
-        if os.path.exists(target):
-            raise UsageError("appeared while exporting; not overwritten", target)
-        os.rename(os.path.join(stage, entry), target)
-
-
 def export_model(
     source: str,
     out: str,
+    *,
     opset: int | None = None,
     dims: Mapping[str, int] | None = None,
     atol: float = DEFAULT_ATOL,
     runtime_timeout: float = 300.0,
 ) -> ExportResult:
     """Export source to out with the tie kept; out is written only when every check passes."""
+    from tieaudit.repair.publish import publish, resolve
     from tieaudit.repair.retie import retie
     from tieaudit.runtime.measure import runtime_findings
 
@@ -205,7 +198,7 @@ def export_model(
         final_stage = os.path.join(stage, "out")
         os.mkdir(final_stage)
         staged = os.path.join(final_stage, base)
-        plan = retie(raw, staged, frozenset(ALL_RELATIONS)).plan
+        plan = retie(raw, staged, relations=frozenset(ALL_RELATIONS)).plan
         shutil.rmtree(os.path.dirname(raw))
         param_bytes, total, missing, remaining = _stored(staged, aliases, sizes)
         max_diff = _parity(loaded, staged, _torch_outputs(loaded))
@@ -216,23 +209,23 @@ def export_model(
         except TieauditError as exc:
             runtime_error = exc.message
         result = ExportResult(
-            source,
-            out,
-            False,
-            loaded.description,
-            sum(sizes.values()),
-            param_bytes,
-            total,
-            missing,
-            plan.applied,
-            remaining,
-            max_diff,
-            atol,
-            runtime,
-            runtime_error,
+            source=source,
+            out=out,
+            written=False,
+            description=loaded.description,
+            parameter_bytes=sum(sizes.values()),
+            parameter_initializer_bytes=param_bytes,
+            initializer_bytes=total,
+            parameters_not_stored=missing,
+            retied=plan.applied,
+            remaining=remaining,
+            max_abs_diff=max_diff,
+            atol=atol,
+            runtime=runtime,
+            runtime_error=runtime_error,
         )
         if result.passed:
-            _publish(final_stage, out)
+            publish(final_stage, out=resolve(out, "OUT"), out_given=out)
             result = replace(result, written=True)
         return result
     finally:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import torch
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ExportSource:
     """A torch module ready for torch.onnx.export."""
 
@@ -89,12 +89,13 @@ def _hf_source(folder: str, dims: Mapping[str, int]) -> ExportSource:
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (batch, sequence), dtype=torch.int64, generator=generator)
     return ExportSource(
-        logits_only(model),
-        (ids,),
-        ("input_ids",),
-        ("logits",),
-        {"input_ids": {0: "batch", 1: "sequence"}},
-        f"{type(model).__name__} from {folder}, input_ids int64[{batch}, {sequence}], dynamic axes",
+        module=logits_only(model),
+        inputs=(ids,),
+        input_names=("input_ids",),
+        output_names=("logits",),
+        dynamic_shapes={"input_ids": {0: "batch", 1: "sequence"}},
+        description=f"{type(model).__name__} from {folder}, "
+        f"input_ids int64[{batch}, {sequence}], dynamic axes",
     )
 
 
@@ -113,7 +114,7 @@ def _factory_source(spec: str) -> ExportSource:
     try:
         made = factory()
     except Exception as exc:  # the user's code: its failure is an input error, reported in one line
-        raise InputError(f"{spec}() raised {type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from exc
+        raise InputError(f"{spec}() raised {type(exc).__name__}: {one_line(exc, 300)}") from exc
     if not isinstance(made, tuple) or len(made) not in (2, 3) or not isinstance(made[0], torch.nn.Module):
         expected = "(module, example_inputs) or (module, example_inputs, dynamic_shapes)"
         raise UsageError(f"{spec}() must return {expected}")
@@ -121,12 +122,12 @@ def _factory_source(spec: str) -> ExportSource:
     tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
     shapes = ", ".join(f"{t.dtype}{list(t.shape)}".replace("torch.", "") for t in tensors)
     return ExportSource(
-        made[0].eval(),
-        inputs,
-        (),
-        (),
-        made[2] if len(made) == 3 else None,
-        f"{type(made[0]).__name__} from {spec}(), inputs {shapes}",
+        module=made[0].eval(),
+        inputs=inputs,
+        input_names=(),
+        output_names=(),
+        dynamic_shapes=made[2] if len(made) == 3 else None,
+        description=f"{type(made[0]).__name__} from {spec}(), inputs {shapes}",
     )
 
 

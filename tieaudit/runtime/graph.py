@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from tieaudit.core.errors import InputError, UsageError, one_line
 from tieaudit.core.records import Checkpoint
 from tieaudit.formats import open_checkpoint
-from tieaudit.graph.detect import ALL_RELATIONS, DEFAULT_MIN_BYTES, CopyGroup, find_copies, lookup_tables
+from tieaudit.graph import DEFAULT_MIN_BYTES
+from tieaudit.graph.detect import ALL_RELATIONS, CopyGroup, find_copies, lookup_tables
 from tieaudit.runtime.inputs import InputSpec, input_specs
 from tieaudit.runtime.probe import DEFAULT_FOLD_LIMIT
 
@@ -27,7 +28,7 @@ PREPACKED_SLOTS = {"MatMul": 1, "FusedMatMul": 1, "Gemm": 1}
 """Operators whose constant B input ONNX Runtime's CPU kernels pack (MLAS) at session creation."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RuntimeDuplicate:
     """A second copy of an input initializer that ONNX Runtime holds in memory."""
 
@@ -45,7 +46,7 @@ class RuntimeDuplicate:
     """Nodes reading the copy (or packing the original), as ``OpType node``."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Recomputed:
     """A Transpose or Cast of an initializer left in the graph: a temporary copy on every run."""
 
@@ -89,7 +90,7 @@ def shared_initializers(ckpt: Checkpoint, min_bytes: int = DEFAULT_MIN_BYTES) ->
 
 
 def _folded(
-    group: CopyGroup, originals: frozenset[str], stored: Mapping[str, int], ckpt: Checkpoint
+    group: CopyGroup, originals: frozenset[str], stored: Mapping[str, int], *, ckpt: Checkpoint
 ) -> list[RuntimeDuplicate]:
     """Members ORT created beyond the copies the input already stored, named against an input initializer.
 
@@ -114,7 +115,14 @@ def _folded(
             rel = "cast" if casts else "transposed" if flips else "equal"
         readers = tuple(f"{u.op_type} {u.node}" for u in ckpt.consumers.get(name, ()))
         duplicates.append(
-            RuntimeDuplicate(anchor, name, rel, "constant-folding", ckpt.tensor(name).nbytes, readers)
+            RuntimeDuplicate(
+                original=anchor,
+                copy=name,
+                relation=rel,
+                mechanism="constant-folding",
+                nbytes=ckpt.tensor(name).nbytes,
+                consumers=readers,
+            )
         )
     return duplicates
 
@@ -132,7 +140,14 @@ def _prepacked(ckpt: Checkpoint, min_bytes: int) -> list[RuntimeDuplicate]:
         if extra > 0:
             readers = tuple(f"{u.op_type} {u.node}" for u in packing)
             found.append(
-                RuntimeDuplicate(tensor.name, None, None, "prepacking", extra * tensor.nbytes, readers)
+                RuntimeDuplicate(
+                    original=tensor.name,
+                    copy=None,
+                    relation=None,
+                    mechanism="prepacking",
+                    nbytes=extra * tensor.nbytes,
+                    consumers=readers,
+                )
             )
     return found
 
@@ -140,7 +155,7 @@ def _prepacked(ckpt: Checkpoint, min_bytes: int) -> list[RuntimeDuplicate]:
 def _recomputed(ckpt: Checkpoint, min_bytes: int) -> list[Recomputed]:
     sizes = {t.name: t.nbytes for t in ckpt.tensors}
     return [
-        Recomputed(name, u.op_type, u.node, sizes[name])
+        Recomputed(initializer=name, op_type=u.op_type, node=u.node, nbytes=sizes[name])
         for name, uses in ckpt.consumers.items()
         for u in uses
         if u.op_type in ("Transpose", "Cast") and u.slot == 0 and sizes.get(name, 0) >= min_bytes
@@ -151,19 +166,21 @@ def analyse_optimized(
     optimized_path: str,
     originals: frozenset[str],
     stored: Mapping[str, int],
+    *,
     prepacking: bool,
     min_bytes: int = DEFAULT_MIN_BYTES,
 ) -> StaticView:
     """ORT's copies in the optimized model at optimized_path, named against the input's initializers."""
-    with open_checkpoint(optimized_path) as ckpt:
-        groups = find_copies(ckpt, ALL_RELATIONS, min_bytes, lookup_tables(ckpt))
-        duplicates = [d for g in groups for d in _folded(g, originals, stored, ckpt)]
+    with open_checkpoint(optimized_path) as opened:
+        ckpt = opened.checkpoint
+        groups = find_copies(opened, ALL_RELATIONS, min_bytes, lookup_names=lookup_tables(ckpt))
+        duplicates = [d for g in groups for d in _folded(g, originals, stored, ckpt=ckpt)]
         if prepacking:
             duplicates += _prepacked(ckpt, min_bytes)
         return StaticView(tuple(duplicates), tuple(_recomputed(ckpt, min_bytes)))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelFacts:
     """What the runtime check knows about the input model before any probe."""
 
@@ -207,10 +224,11 @@ def read_model(path: str, dims: Mapping[str, int], *, with_inputs: bool = True) 
     """
     from tieaudit.formats.onnx_model import load_model
 
-    with open_checkpoint(path) as ckpt:  # also confines external data before ORT is handed the model
+    with open_checkpoint(path) as opened:  # also confines external data before ORT is handed the model
+        ckpt = opened.checkpoint
         if ckpt.format != "onnx":
             raise UsageError(f"runtime needs an ONNX model, this is {ckpt.format}", path)
-        inputs = input_specs(load_model(path), ckpt, dims, path) if with_inputs else ()
+        inputs = input_specs(load_model(path), ckpt, dims, path=path) if with_inputs else ()
         external = any(s.file_offset >= 0 for s in ckpt.storages.values())
         try:
             model_bytes = os.path.getsize(path)
@@ -218,7 +236,16 @@ def read_model(path: str, dims: Mapping[str, int], *, with_inputs: bool = True) 
             raise InputError(f"cannot read the model: {one_line(exc)}", path) from None
         weights = model_bytes + sum(s.nbytes for s in ckpt.storages.values() if s.file_offset >= 0)
         sizes = {t.name: t.nbytes for t in ckpt.tensors}
-        groups = find_copies(ckpt, ALL_RELATIONS, DEFAULT_MIN_BYTES, lookup_tables(ckpt))
+        groups = find_copies(opened, ALL_RELATIONS, DEFAULT_MIN_BYTES, lookup_names=lookup_tables(ckpt))
         stored = {name: len(g.names) for g in groups for name in g.names}
         shared = shared_initializers(ckpt)
-        return ModelFacts(os.path.abspath(path), ckpt.names, shared, sizes, stored, external, inputs, weights)
+        return ModelFacts(
+            path=os.path.abspath(path),
+            originals=ckpt.names,
+            shared=shared,
+            sizes=sizes,
+            stored=stored,
+            external=external,
+            inputs=inputs,
+            weight_bytes=weights,
+        )

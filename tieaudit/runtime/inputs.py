@@ -37,7 +37,7 @@ MAX_INPUT_RANK = 64
 """Dimensions of one input: numpy's own limit (NPY_MAXDIMS)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class InputSpec:
     """A synthetic model input the probe builds."""
 
@@ -71,7 +71,9 @@ def _readers(model: ModelProto) -> Readers:
     return readers
 
 
-def _vocabulary(readers: Readers, ckpt: Checkpoint, tables: Mapping[str, int], input_name: str) -> int | None:
+def _vocabulary(
+    readers: Readers, ckpt: Checkpoint, tables: Mapping[str, int], *, input_name: str
+) -> int | None:
     """Rows of the smallest Gather table the input's values index, following shape-only ops."""
     found: list[int] = []
     seen, pending = {input_name}, [input_name]
@@ -100,7 +102,7 @@ def _dim_size(param: str, dims: Mapping[str, int]) -> tuple[int, str | None]:
 
 
 def input_specs(
-    model: ModelProto, ckpt: Checkpoint, dims: Mapping[str, int], path: str | None = None
+    model: ModelProto, ckpt: Checkpoint, dims: Mapping[str, int], *, path: str | None = None
 ) -> tuple[InputSpec, ...]:
     """Synthetic inputs for every graph input that is not an initializer, each within the size limits.
 
@@ -129,7 +131,7 @@ def input_specs(
                 f"{human_bytes(MAX_TOTAL_INPUT_BYTES)} they may take in all; {_shrink(settable, one=False)}",
                 path,
             )
-        specs.append(_fill(spec, readers, ckpt, tables))
+        specs.append(_fill(spec, readers, ckpt, tables=tables))
     unknown = sorted(set(dims) - used)
     if unknown:
         raise UsageError(_unknown_dims(unknown, values), path)
@@ -212,7 +214,7 @@ def _spec(
             f"{human_bytes(MAX_INPUT_BYTES)} a synthetic input may take; {_shrink(mine, one=True)}",
             path,
         )
-    return InputSpec(value.name, dtype, tuple(shape), "", nbytes=nbytes)
+    return InputSpec(name=value.name, dtype=dtype, shape=tuple(shape), fill="", nbytes=nbytes)
 
 
 def _checked_bytes(shape: list[int], itemsize: int) -> int | None:
@@ -227,13 +229,15 @@ def _checked_bytes(shape: list[int], itemsize: int) -> int | None:
     return nbytes
 
 
-def _fill(spec: InputSpec, readers: Readers, ckpt: Checkpoint, tables: Mapping[str, int]) -> InputSpec:
+def _fill(spec: InputSpec, readers: Readers, ckpt: Checkpoint, *, tables: Mapping[str, int]) -> InputSpec:
     """How the probe fills the input: noise for floats, ids below the vocabulary, ones for masks."""
     lowered = spec.name.lower()
     if spec.dtype.startswith(("float", "double")):
         fill, high = "normal", None
     else:
-        high = _vocabulary(readers, ckpt, tables, spec.name) if spec.dtype != "bool" else None
+        high = _vocabulary(readers, ckpt, tables, input_name=spec.name) if spec.dtype != "bool" else None
         named = "ones" if "mask" in lowered else "positions" if "position" in lowered else "zeros"
         fill = "ids" if high else named
-    return InputSpec(spec.name, spec.dtype, spec.shape, fill, high or None, spec.nbytes)
+    return InputSpec(
+        name=spec.name, dtype=spec.dtype, shape=spec.shape, fill=fill, high=high or None, nbytes=spec.nbytes
+    )

@@ -19,8 +19,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from tieaudit.core.errors import TieauditError, UsageError
+from tieaudit.core.exit_codes import ExitCode
 from tieaudit.core.units import human_bytes
-from tieaudit.rules.registry import SEVERITY_RANK, Finding, Severity
+from tieaudit.rules.finding import SEVERITY_RANK, Finding, Severity
+from tieaudit.rules.runtime_duplicate import RUNTIME_DUPLICATE
 from tieaudit.runtime.graph import InputSpec, ModelFacts, StaticView, analyse_optimized, read_model
 from tieaudit.runtime.memory import MEMORY_LIMIT_ENV, default_memory_limit, memory_limit_from_env
 from tieaudit.runtime.probe import CONFIGS, ProbeError, SessionConfig, run_probe
@@ -32,7 +34,7 @@ NOISE_FLOOR = 16 << 20
 MEASURED_FIELD = "RssAnon"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ConfigResult:
     """One configuration's measurement and static view (or its error)."""
 
@@ -68,7 +70,7 @@ class ConfigResult:
         return after["VmHWM"] - baseline["VmRSS"] if "VmHWM" in after and "VmRSS" in baseline else None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Recommendation:
     """The configuration to use, and what it costs."""
 
@@ -82,7 +84,7 @@ class Recommendation:
     """The Python lines that create such a session."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RuntimeReport:
     """Everything ``tieaudit runtime`` found for one model."""
 
@@ -113,12 +115,14 @@ class RuntimeReport:
         """Configurations that failed."""
         return tuple(c for c in self.configs if c.error is not None)
 
-    def exit_code(self, fail_on: Severity) -> int:
-        """2 when a configuration failed, 1 when a finding reaches fail_on, else 0."""
+    def exit_code(self, fail_on: Severity, *, exit_zero: bool = False) -> ExitCode:
+        """BAD_INPUT when a configuration failed; else FINDINGS when a finding reaches fail_on
+        (unless exit_zero); else OK."""
         if self.errors:
-            return 2
+            return ExitCode.BAD_INPUT
         rank = SEVERITY_RANK[fail_on]
-        return 1 if any(SEVERITY_RANK[f.severity] >= rank for f in self.findings) else 0
+        failing = any(SEVERITY_RANK[f.severity] >= rank for f in self.findings)
+        return ExitCode.FINDINGS if failing and not exit_zero else ExitCode.OK
 
 
 def _probe_config(
@@ -134,21 +138,23 @@ def _probe_config(
     try:
         probe_request = {**request, "config": config.name, "optimized_path": optimized}
         result = run_probe(probe_request, timeout, raise_limit)
-        static = analyse_optimized(optimized, model.originals, model.stored, not config.no_prepacking)
+        static = analyse_optimized(
+            optimized, model.originals, model.stored, prepacking=not config.no_prepacking
+        )
     except TieauditError as exc:
-        return ConfigResult(config, error=str(exc))
+        return ConfigResult(config=config, error=str(exc))
     memory: dict[str, dict[str, int]] = {
         k: result[k] for k in ("baseline", "created", "after_runs") if k in result
     }
     latencies = tuple(result.get("latencies_ms", ()))
     median = result.get("median_ms")
     return ConfigResult(
-        config,
-        None,
-        memory,
-        latencies,
-        float(median) if isinstance(median, (int, float)) else None,
-        static,
+        config=config,
+        error=None,
+        memory=memory,
+        latencies_ms=latencies,
+        median_ms=float(median) if isinstance(median, (int, float)) else None,
+        static=static,
         onnxruntime_version=str(result.get("onnxruntime_version", "")),
     )
 
@@ -180,11 +186,16 @@ def _recommend(results: Sequence[ConfigResult], fold_limit: int, path: str) -> R
     best = default_ok[0] if default_ok else min(candidates, key=lambda r: r.median_ms or 0.0)
     default = next((r for r in results if r.config.name == "default" and r.median_ms), None)
     cost = (best.median_ms or 0.0) / default.median_ms - 1 if default and default.median_ms else None
-    return Recommendation(best.config.name, best.median_ms or 0.0, cost, best.config.python(fold_limit, path))
+    return Recommendation(
+        config=best.config.name,
+        median_ms=best.median_ms or 0.0,
+        latency_cost=cost,
+        python=best.config.python(fold_limit, path),
+    )
 
 
 def duplicate_findings(
-    config: str, static: StaticView, fix: str | None, measured_excess: int | None = None
+    config: str, static: StaticView, fix: str | None, *, measured_excess: int | None = None
 ) -> list[Finding]:
     """TIE005 for each copy ORT holds under config."""
     findings = []
@@ -209,15 +220,13 @@ def duplicate_findings(
         if measured_excess is not None:
             details["measured_excess_bytes"] = measured_excess
         findings.append(
-            Finding(
-                "TIE005",
-                "warning",
+            RUNTIME_DUPLICATE.finding(
                 names,
                 f"ONNX Runtime ({config} session options) {what}.",
-                dup.relation,
-                dup.nbytes,
-                fix,
-                details,
+                relation=dup.relation,
+                wasted_bytes=dup.nbytes,
+                fix=fix,
+                details=details,
             )
         )
     return findings
@@ -274,25 +283,25 @@ def measure_runtime(
         f
         for r in results
         if r.config.name in gated and r.static
-        for f in duplicate_findings(r.config.name, r.static, fix, r.excess_bytes)
+        for f in duplicate_findings(r.config.name, r.static, fix, measured_excess=r.excess_bytes)
     ]
     version = next((r.onnxruntime_version for r in results if r.onnxruntime_version), "unknown")
     return RuntimeReport(
-        path,
-        version,
-        model.external,
-        bool(request["embed_weights"]),
-        sum(model.sizes.values()),
-        model.shared,
-        model.inputs,
-        runs,
-        fold_limit,
-        threshold,
-        tuple(results),
-        gated,
-        tuple(findings),
-        recommendation,
-        limit,
+        path=path,
+        onnxruntime_version=version,
+        external_data=model.external,
+        embed_weights=bool(request["embed_weights"]),
+        initializer_bytes=sum(model.sizes.values()),
+        shared=model.shared,
+        inputs=model.inputs,
+        runs=runs,
+        fold_limit=fold_limit,
+        threshold=threshold,
+        configs=tuple(results),
+        gated=gated,
+        findings=tuple(findings),
+        recommendation=recommendation,
+        memory_limit=limit,
     )
 
 

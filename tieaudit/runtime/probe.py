@@ -56,7 +56,7 @@ PROBE_ENV = {"OPENBLAS_NUM_THREADS": "1"}
 never calls BLAS, so they would only be counted against the memory limit on a many-core machine."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SessionConfig:
     """A named set of ONNX Runtime session options."""
 
@@ -92,15 +92,29 @@ class SessionConfig:
 CONFIGS: dict[str, SessionConfig] = {
     c.name: c
     for c in (
-        SessionConfig("default", "ORT_ENABLE_ALL, ONNX Runtime's defaults", False),
-        SessionConfig("disable_all", "ORT_DISABLE_ALL: no graph optimization", True),
-        SessionConfig("no_constant_folding", "constant folding off", False, no_folding=True),
-        SessionConfig("no_prepacking", "weight prepacking off", False, no_prepacking=True),
-        SessionConfig("both_off", "constant folding and prepacking off", False, True, True),
         SessionConfig(
-            "fold_size_limit",
-            "folding limited to small outputs, prepacking off",
-            False,
+            name="default", description="ORT_ENABLE_ALL, ONNX Runtime's defaults", disable_all=False
+        ),
+        SessionConfig(
+            name="disable_all", description="ORT_DISABLE_ALL: no graph optimization", disable_all=True
+        ),
+        SessionConfig(
+            name="no_constant_folding", description="constant folding off", disable_all=False, no_folding=True
+        ),
+        SessionConfig(
+            name="no_prepacking", description="weight prepacking off", disable_all=False, no_prepacking=True
+        ),
+        SessionConfig(
+            name="both_off",
+            description="constant folding and prepacking off",
+            disable_all=False,
+            no_folding=True,
+            no_prepacking=True,
+        ),
+        SessionConfig(
+            name="fold_size_limit",
+            description="folding limited to small outputs, prepacking off",
+            disable_all=False,
             no_prepacking=True,
             fold_limit=True,
         ),

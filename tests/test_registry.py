@@ -1,0 +1,77 @@
+"""The rule registry is the one list: README's rule table, SARIF's driver.rules, --ignore and the
+policy accept exactly the rules some code emits (DESIGN.md: a rule is published only when emitted).
+
+Expectations come from the README and DESIGN.md texts, not from ``RULES`` itself.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tieaudit.cli.main import main
+from tieaudit.gate.baseline import fingerprint
+from tieaudit.rules.registry import RULES
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def readme_rules() -> dict[str, str]:
+    """id -> kind, from the README's "Rules" table."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("\n## Rules\n", 1)[1].split("\n## ", 1)[0]
+    return dict(re.findall(r"^\| (TIE\d{3}) \| ([a-z-]+) \|", section, flags=re.MULTILINE))
+
+
+def test_the_registry_is_the_readme_rule_table() -> None:
+    table = readme_rules()
+    assert len(table) >= 8
+    assert {rule_id: rule.kind for rule_id, rule in RULES.items()} == table
+
+
+def test_a_reserved_rule_no_code_emits_is_published_nowhere(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert "TIE007" not in readme_rules() and "TIE007" not in RULES
+    assert main(["check", str(tmp_path), "--ignore", "TIE007"]) == 2
+    assert "unknown rule id TIE007" in capsys.readouterr().err
+    policy = tmp_path / "tieaudit.toml"
+    policy.write_text('ignore = ["TIE007"]\n')
+    assert main(["check", str(tmp_path), "--policy", str(policy)]) == 2
+
+
+def test_sarif_publishes_the_readme_rules_in_id_order(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    values = np.arange(64 * 16, dtype=np.float32).reshape(64, 16)
+    path = tmp_path / "copy.safetensors"
+    save_file({"model.embed_tokens.weight": values, "lm_head.weight": values.copy()}, str(path))
+    assert main(["check", str(path), "--format", "sarif"]) == 1
+    run = json.loads(capsys.readouterr().out)["runs"][0]
+    published = [(r["id"], r["name"]) for r in run["tool"]["driver"]["rules"]]
+    assert published == sorted(readme_rules().items())
+    (result,) = run["results"]
+    assert result["ruleId"] == "TIE001"
+    assert published[result["ruleIndex"]][0] == "TIE001"
+
+
+def test_a_fingerprint_is_the_sha256_of_path_rule_and_sorted_names(tmp_path: Path) -> None:
+    """The hex digests were computed outside tieaudit (printf ... | sha256sum) from the compact JSON
+    array [path relative to the root, rule, sorted names], non-ASCII kept as UTF-8."""
+    models = tmp_path / "models"
+    assert (
+        fingerprint(
+            str(models / "a.safetensors"), "TIE001", ("wte.weight", "lm_head.weight"), root=str(tmp_path)
+        )
+        == "00dcbd4670f4375f848facf404c5dd6100b52543a33b975598d681eee2faf7f7"
+    )
+    assert (
+        fingerprint(str(models / "ä b.safetensors"), "TIE002", ("x",), root=str(tmp_path))
+        == "2cb8906d70e17f3b348b2776d2e0d7cfcf6c4f8b445d837380339d2c9132ea1d"
+    )

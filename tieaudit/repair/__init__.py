@@ -1,0 +1,1 @@
+"""retie: the plan, one writer per format, restore, verify (tieaudit and the reference loaders), publish."""

@@ -1,0 +1,108 @@
+"""TIE001 untied-copy: tensors stored apart whose bytes are equal, transposed or a cast of each other."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+from tieaudit.core.components import Components
+from tieaudit.core.records import Checkpoint
+from tieaudit.core.units import human_bytes
+from tieaudit.formats.capabilities import DEFAULT_RELATIONS, REPRESENTABLE
+from tieaudit.formats.layer_names import layer_template
+from tieaudit.formats.loaders import loader_rule
+from tieaudit.graph.detect import CopyGroup
+from tieaudit.rules.finding import Audited, Finding, Rule
+
+
+def _fix(ckpt: Checkpoint, relations: set[str]) -> str:
+    """The retie command for these copies, with --relations only where the format needs it."""
+    missing = sorted(relations - REPRESENTABLE[ckpt.format])
+    if missing:
+        return (
+            f"a {ckpt.format} file cannot record a {' or '.join(missing)} copy; "
+            "derive it from the wider tensor on load"
+        )
+    trimmed = ckpt.path.rstrip("/") or ckpt.path
+    stem, ext = os.path.splitext(os.path.basename(trimmed))
+    out = os.path.join(os.path.dirname(trimmed), f"{stem}-retied{ext}")
+    extra = sorted(relations - DEFAULT_RELATIONS[ckpt.format])
+    option = (
+        f" --relations {','.join(sorted(set(DEFAULT_RELATIONS[ckpt.format]) | set(extra)))}" if extra else ""
+    )
+    return f"tieaudit retie {ckpt.path} {out}{option}"
+
+
+_WHAT = {"equal": "the same bytes as", "transposed": "the transpose of", "cast": "a lower-precision cast of"}
+
+
+def group_relation(group: CopyGroup) -> str:
+    """The group's relation: the members' one when they agree, else ``mixed`` (details say each)."""
+    relations = {m.relation for m in group.members}
+    return relations.pop() if len(relations) == 1 else "mixed"
+
+
+def _by_construction(component: dict[str, int] | None, group: CopyGroup) -> bool:
+    """Whether the model class is known (component: its tie components) and ties no two names of
+    the group: equal by construction (deterministic initialisation, fixed tables), not a lost tie."""
+    if component is None:
+        return False
+    found = [component[name] for name in group.names if name in component]
+    return len(found) == len(set(found))
+
+
+def copy_findings(audited: Audited) -> Iterator[Finding]:
+    """TIE001: one finding per copy group; its wasted bytes count every stored copy once. A group
+    the known model class does not tie is a note: equal by construction, and retie leaves it."""
+    ckpt, groups = audited.graph.checkpoint, audited.copies
+    declared = {frozenset((s.tie.dropped, s.tie.kept)) for s in audited.graph.ties}
+    class_ties = ckpt.config.class_ties if ckpt.config is not None else None
+    component = Components(class_ties).numbered() if class_ties is not None else None
+    templates = ckpt.config.layer_templates if ckpt.config is not None else None
+    rule = loader_rule(ckpt) if groups else None  # retie's default, to say when it needs --all-equal
+    for group in groups:
+        relation = group_relation(group)
+        parts = []
+        for kind in ("equal", "transposed", "cast"):
+            copies = [m.name for m in group.members if m.relation == kind]
+            if copies:
+                verb = "holds" if len(copies) == 1 else "hold"
+                parts.append(f"{', '.join(copies)} {verb} {_WHAT[kind]} {group.kept}")
+        by_construction = _by_construction(component, group) or (
+            templates is not None and not any(layer_template(n) in templates for n in group.names)
+        )
+        if by_construction:
+            architecture = ckpt.config.architectures[0] if ckpt.config and ckpt.config.architectures else "?"
+            note = (
+                f" The model class {architecture} does not tie them: equal by construction (deterministic "
+                "initialisation, fixed tables), not a lost tie. retie leaves them; with --all-equal it "
+                "drops all but one, which from_pretrained would then initialise randomly."
+            )
+        elif any(frozenset((a, b)) in declared for a in group.names for b in group.names):
+            note = " The config declares them tied, but they are stored as separate tensors."
+        else:
+            note = ""
+        fix = _fix(ckpt, {m.relation for m in group.members})
+        restored = rule is None or any(rule.accepts(a, b) for a in group.names for b in group.names if a != b)
+        if fix.startswith("tieaudit retie") and not restored:
+            locked = rule.flag_locked if rule is not None else ""
+            fix = f"keep them: {locked}" if locked else fix + " --all-equal"
+        yield UNTIED_COPY.finding(
+            group.names,
+            f"{'; '.join(parts)} in separate storage ({human_bytes(group.wasted_bytes)} wasted): "
+            f"values that are equal are not a tie; each copy trains and loads as its own parameter." + note,
+            severity="note" if by_construction else "warning",
+            relation=relation,
+            wasted_bytes=group.wasted_bytes,
+            fix=fix,
+            details={"kept": group.kept, "relations": {m.name: m.relation for m in group.members}},
+        )
+
+
+UNTIED_COPY = Rule(
+    id="TIE001",
+    kind="untied-copy",
+    severity="warning",
+    summary="Two or more matrices hold equal values in separate storage.",
+    check=copy_findings,
+)
