@@ -213,3 +213,23 @@ def test_retie_exit_codes(clone: Path, tmp_path: Path) -> None:
     assert missing.returncode == 2 and not (tmp_path / "x.safetensors").exists()
     bad = run(["retie", str(clone), str(tmp_path / "y.safetensors"), "--relations", "equal,bogus"])
     assert bad.returncode == 2 and not (tmp_path / "y.safetensors").exists()
+
+
+def test_a_bug_exits_3_with_its_traceback_and_bad_input_exits_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "m.safetensors"
+    save_file({"w": np.zeros((4, 4), np.float32)}, str(path))
+    assert main(["inspect", str(tmp_path / "missing.safetensors")]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+    def broken(*_: object, **__: object) -> None:
+        raise ZeroDivisionError("a tieaudit bug")
+
+    import tieaudit.audit
+
+    monkeypatch.setattr(tieaudit.audit, "audit_path", broken)
+    assert main(["inspect", str(path)]) == 3
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "ZeroDivisionError: a tieaudit bug" in err
+    assert "tieaudit: internal error: this is a bug in tieaudit" in err

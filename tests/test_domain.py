@@ -8,6 +8,7 @@ three-member copy group, NaN payloads and signed zeros.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -377,3 +378,23 @@ def test_expected_findings_says_why_the_tie_is_missing(stored: tuple[str, ...], 
     assert finding.rule == "TIE008" and finding.names == ("lm_head", "wte")
     assert because in finding.message
     assert (finding.fix is not None) == (len(stored) == 2)
+
+
+# records hold no open file ---------------------------------------------------------------------
+
+
+def test_an_audit_holds_metadata_only_and_pickles(tmp_path: Path) -> None:
+    import pickle
+
+    from safetensors.numpy import save_file
+
+    from tieaudit.audit import audit_path
+
+    values = np.arange(64 * 16, dtype=np.float32).reshape(64, 16)
+    path = tmp_path / "m.safetensors"
+    save_file({"model.embed_tokens.weight": values, "lm_head.weight": values.copy()}, str(path))
+    audit = audit_path(str(path))
+    assert not any(isinstance(v, (ByteStore, OpenCheckpoint)) for v in vars(audit.graph.checkpoint).values())
+    again = pickle.loads(pickle.dumps(audit))
+    assert again.findings == audit.findings and again.summary() == audit.summary()
+    assert again.graph.checkpoint.tensors == audit.graph.checkpoint.tensors

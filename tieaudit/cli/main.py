@@ -161,7 +161,7 @@ def check(
 
     Exit codes: 0 nothing at or above --fail-on (baselined findings do not count);
     1 findings; 2 usage error, nothing found to check, or any path unreadable, unsafe
-    or unsupported (the audit is incomplete).
+    or unsupported (the audit is incomplete); 3 a bug in tieaudit.
 
     \b
     Examples:
