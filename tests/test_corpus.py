@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from conftest import FIXTURE_NAMES as NAMES
 from conftest import Corpus
+from inert_pickle import Inert, inert_parts, inert_pickle
 
 from tieaudit.cli.main import main
 
@@ -34,21 +35,29 @@ def inspect_json(path: Path, tmp_path: Path) -> dict[str, Any]:
 
 
 def storage_truth(path: Path) -> set[frozenset[str]]:
-    """Names sharing one storage, as torch itself loads the file."""
+    """Names sharing one storage, as torch itself loads the file (weights_only; for a file it refuses
+    only for a global outside its allowlist, weights_only=False with the tests' inert unpickler)."""
     import torch
 
-    loaded = torch.load(path, weights_only=True, map_location="cpu")
+    try:
+        loaded = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as exc:
+        assert "unsupported global" in str(exc).lower(), exc
+        loaded = torch.load(path, weights_only=False, map_location="cpu", pickle_module=inert_pickle(torch))
     by_ptr: dict[int, list[str]] = defaultdict(list)
 
     def walk(prefix: str, value: object) -> None:
+        items: list[tuple[str, Any]] = []
         if isinstance(value, torch.Tensor):
             by_ptr[value.untyped_storage().data_ptr()].append(prefix)
+        elif isinstance(value, Inert):
+            items = inert_parts(value)
         elif isinstance(value, dict):
-            for key, item in value.items():
-                walk(f"{prefix}.{key}" if prefix else str(key), item)
+            items = [(str(key), item) for key, item in value.items()]
         elif isinstance(value, (list, tuple)):
-            for index, item in enumerate(value):
-                walk(f"{prefix}.{index}" if prefix else str(index), item)
+            items = [(str(index), item) for index, item in enumerate(value)]
+        for part, item in items:
+            walk(f"{prefix}.{part}" if prefix else part, item)
 
     walk("", loaded)
     return {frozenset(names) for names in by_ptr.values() if len(names) > 1}
@@ -123,6 +132,11 @@ def test_inspect_matches_independent_truth(corpus: Corpus, name: str, tmp_path: 
     if "declared_ties" in expect:
         declared = {(t["target"], t["source"], t["declared_by"]) for t in report["declared_ties"]}
         assert declared == {tuple(t) for t in expect["declared_ties"]}
+    if "globals" in expect:  # the verdicts the producer knows for the globals its pickle names
+        verdicts = {g["name"]: g["verdict"] for g in report["pickle_globals"]}
+        assert {name: verdicts.get(name) for name in expect["globals"]} == expect["globals"]
+    if entry["format"] == "torch":
+        assert {t["name"] for t in report["tensors"]} == set(expect["tensors"])
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -142,6 +156,8 @@ EXPECTED_RULES = {
     "hf_llama_lm_head_only": {"TIE003"},
     "hf_llama_vocab_misaligned": {"TIE004"},
     "torch_overlapping_views": {"TIE006"},
+    "pickle_training_args": {"TIE011"},
+    "pickle_whole_module": {"TIE011"},
 }
 
 

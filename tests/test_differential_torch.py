@@ -8,6 +8,10 @@ is the reference refusing). tieaudit reads each file in this process with its to
 
 - both accept: the flattened leaf names agree; for every tensor the dtype, shape, strides,
   storage offset, storage size, storage sharing and logical bytes agree;
+- torch's weights_only refuses only a global outside its allowlist (tieaudit reads such files with
+  inert placeholders): torch.load(weights_only=False) with a pickle module whose unpickler hands
+  out the test's own inert classes for those names (nothing from the file is imported or called)
+  is the reference, compared as above;
 - torch refuses: tieaudit refuses too, unless the file is in DELIBERATE with the reason;
 - tieaudit refuses what torch accepts: allowed (tieaudit refuses whatever it cannot read exactly
   as torch does), and listed in the report this test prints with -s.
@@ -32,6 +36,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import GENERATED, ROOT, Corpus
+from inert_pickle import Inert, inert_parts, inert_pickle
 
 HOSTILE = ROOT / "fixtures" / "hostile"
 SUFFIXES = (".pt", ".pth", ".bin")
@@ -49,17 +54,29 @@ DELIBERATE: dict[str, str] = {}
 # ------------------------------------------------------------------ the torch side (a fork server)
 
 
-def _torch_flatten(torch: Any, value: Any, name: str, out: list[dict[str, Any]]) -> None:
-    """Leaves under tieaudit's dotted names: dicts and lists/tuples are walked, torch.Size is a leaf."""
+def _torch_flatten(torch: Any, value: Any, name: str, out: list[dict[str, Any]]) -> bool:
+    """Leaves under tieaudit's dotted names: dicts and lists/tuples are walked, torch.Size is a leaf;
+    an inert object's parts are walked, and it is one leaf when no tensor is among them. Returns
+    whether a tensor was found."""
     from tieaudit.formats.torch_file import ROOT_NAME, key_name
 
-    if isinstance(value, dict):
-        for key, item in value.items():
-            _torch_flatten(torch, item, f"{name}.{key_name(key)}" if name else key_name(key), out)
-    elif isinstance(value, (list, tuple)) and not isinstance(value, torch.Size):
-        for index, item in enumerate(value):
-            _torch_flatten(torch, item, f"{name}.{index}" if name else str(index), out)
-    elif isinstance(value, torch.Tensor):
+    if isinstance(value, (dict, list, tuple, Inert)) and not isinstance(value, torch.Size):
+        if isinstance(value, Inert):
+            items = inert_parts(value)
+        elif isinstance(value, dict):
+            items = [(key_name(key), item) for key, item in value.items()]
+        else:
+            items = [(str(index), item) for index, item in enumerate(value)]
+        first, found = len(out), False
+        for part, item in items:
+            empty = isinstance(item, (dict, list, tuple)) and not isinstance(item, torch.Size) and not item
+            if not empty:
+                found = _torch_flatten(torch, item, f"{name}.{part}" if name else part, out) or found
+        if isinstance(value, Inert) and not found:
+            del out[first:]
+            out.append({"name": name or ROOT_NAME, "tensor": False, "type": "inert"})
+        return found
+    if isinstance(value, torch.Tensor):
         leaf: dict[str, Any] = {"name": name or ROOT_NAME, "tensor": True, "device": value.device.type}
         if value.device.type != "meta" and not value.is_conj() and not value.is_neg():
             storage = value.untyped_storage()
@@ -74,17 +91,33 @@ def _torch_flatten(torch: Any, value: Any, name: str, out: list[dict[str, Any]])
                 sha256=hashlib.sha256(raw).hexdigest(),
             )
         out.append(leaf)
-    else:
-        out.append({"name": name or ROOT_NAME, "tensor": False, "type": type(value).__name__})
+        return True
+    out.append({"name": name or ROOT_NAME, "tensor": False, "type": type(value).__name__})
+    return False
 
 
 def _torch_load(torch: Any, path: str) -> dict[str, Any]:
-    """torch.load path: what it returned, or its error (any failure is torch refusing the file)."""
+    """torch.load path: what it returned, or its error (any failure is torch refusing the file).
+
+    A file weights_only refuses only for a global outside its allowlist is loaded again with
+    weights_only=False and the inert pickle module: torch itself then finds every tensor (mode
+    "inert"), with nothing from the file imported or called."""
+    mode = "weights_only"
     try:
-        loaded = torch.load(path, weights_only=True, map_location="cpu")
+        try:
+            loaded = torch.load(path, weights_only=True, map_location="cpu")
+        except Exception as exc:
+            if (
+                "unsupported global" not in str(exc).lower()
+            ):  # "Unsupported global: GLOBAL x", "unsupported GLOBAL x whose module x is blocked"
+                raise
+            mode = "inert"
+            loaded = torch.load(
+                path, weights_only=False, map_location="cpu", pickle_module=inert_pickle(torch)
+            )
         leaves: list[dict[str, Any]] = []
         _torch_flatten(torch, loaded, "", leaves)
-        return {"accepted": True, "leaves": leaves}
+        return {"accepted": True, "leaves": leaves, "mode": mode}
     except BaseException as exc:
         return {"accepted": False, "error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"}
 
@@ -310,6 +343,12 @@ def test_the_comparison_covers_the_corpus_and_the_hostile_files(
     both = [path for path, (theirs, ours) in compared.items() if theirs["accepted"] and ours.accepted]
     tensors = sum(len(compared[path][1].storages) for path in both)
     assert len(both) >= 12 and tensors >= 50, (len(both), tensors)
+    inert = {Path(path).name for path in both if compared[path][0]["mode"] == "inert"}
+    assert {
+        "pt_zip_reduce_os_system.pt",
+        "pt_legacy_reduce_eval.pt",
+        "pt_zip_global_not_allowlisted.pt",
+    } <= inert
 
 
 def test_a_planted_difference_is_caught(compared: dict[str, tuple[dict[str, Any], Reading]]) -> None:

@@ -23,8 +23,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from tieaudit.rules.registry import RULES
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTILE = ROOT / "fixtures" / "hostile"
@@ -334,7 +337,10 @@ def test_hostile_input_is_refused_in_one_line(
     if run.setup_free_size() <= SMALL_INPUT_BYTES:
         assert outcome.cpu_seconds < SMALL_CPU_SECONDS, f"{command} used {outcome.cpu_seconds:.2f} s of CPU"
         assert outcome.max_rss_kib < SMALL_MAX_RSS_KIB, f"{command} peaked at {outcome.max_rss_kib >> 10} MiB"
-    if case.exit_code == 0:  # valid but expensive: it only has to finish, quietly
+    if case.finding:  # read with inert placeholders: reported, nothing run
+        assert outcome.returncode == _finding_exit(case, command), (outcome.returncode, outcome.stderr)
+        _assert_reported(case, command, json.loads(_report_path(run.work).read_text()))
+    elif case.exit_code == 0:  # valid but expensive: it only has to finish, quietly
         allowed = {0} if command == "inspect" else {0, 1}
         assert outcome.returncode in allowed and "Traceback" not in outcome.stderr, outcome.stderr
     else:
@@ -346,6 +352,20 @@ def test_hostile_input_is_refused_in_one_line(
             expected.append(NOTHING_SCANNED)
         assert any(fragment in line.lower() for fragment in expected), f"expected {expected} in: {line}"
     _assert_nothing_written(run)
+
+
+def _finding_exit(case: make_hostile.Hostile, command: str) -> int:
+    """inspect reads and reports (0); check fails on an error-severity finding (default --fail-on)."""
+    return 1 if command == "check" and RULES[case.finding].severity == "error" else 0
+
+
+def _assert_reported(case: make_hostile.Hostile, command: str, document: dict[str, Any]) -> None:
+    reports = document["reports"] if "reports" in document else [document]  # check of one path: one report
+    found = [f for r in reports for f in r["findings"] if f["rule"] == case.finding]
+    assert any(case.expect in name for f in found for name in f["names"]), found
+    verdicts = {g["name"]: g["verdict"] for r in reports for g in r["pickle_globals"]}
+    wanted = "runs-code" if case.finding == "TIE010" else "unknown"
+    assert any(case.expect in name and verdict == wanted for name, verdict in verdicts.items()), verdicts
 
 
 # A few cases through the real entry point (a fresh interpreter, limits set by preexec_fn),
@@ -375,6 +395,11 @@ def test_real_entry_point_refuses_in_one_line(name: str, tmp_path: Path) -> None
             preexec_fn=_limit_child,
             check=False,
         )
+        if case.finding:
+            assert done.returncode == _finding_exit(case, command), done.stderr
+            _assert_reported(case, command, json.loads(_report_path(tmp_path).read_text()))
+            _report_path(tmp_path).unlink()
+            continue
         assert done.returncode == 2, done.stderr
         line = _one_error_line(done.stderr, command)
         assert name in line and case.expect.lower() in line.lower(), line

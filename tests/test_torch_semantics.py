@@ -29,8 +29,8 @@ from tieaudit.formats.torch_globals import (
     NOT_READ,
     TENSOR_ATTRIBUTES,
 )
-from tieaudit.formats.torch_pickle import TorchHooks, load_pickle
-from tieaudit.formats.torch_records import Opaque
+from tieaudit.formats.torch_pickle import Referenced, TorchHooks, load_pickle, refuse_unknown
+from tieaudit.formats.torch_records import Placeholder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fixtures" / "hostile"))
 from builders import call, dct, glob, integer, pickle_of, text, tup  # type: ignore[import-not-found]
@@ -199,18 +199,20 @@ def test_a_long_global_line_is_refused() -> None:
 
 
 def test_unknown_globals_go_through_one_policy() -> None:
-    """Today's policy refuses by name; a later one can hand out an inert placeholder instead, and
-    nothing it hands out is ever called."""
+    """The reader's policy hands out inert placeholders (calling one makes another, holding the
+    arguments); the strict policy refuses by name. Nothing handed out is ever called."""
     data = pickle_of(dct((text("m"), glob("__main__", "Model"))))
     with pytest.raises(InputError, match=r"__main__\.Model, which is not on the allowlist"):
-        load_pickle(data, "x.pt", "data.pkl")
-    root, _, _ = load_pickle(
-        data, "x.pt", "data.pkl", unknown=lambda name, path: Opaque(f"placeholder {name}")
-    )
-    assert root == {"m": Opaque("placeholder __main__.Model")}
-    called = pickle_of(call(glob("__main__", "Model"), text("x")))
-    with pytest.raises(InputError, match="does not run"):
-        load_pickle(called, "x.pt", "data.pkl", unknown=lambda name, path: Opaque(f"placeholder {name}"))
+        load_pickle(data, "x.pt", "data.pkl", unknown=refuse_unknown)
+    referenced: Referenced = {}
+    root, _, _ = load_pickle(data, "x.pt", "data.pkl", referenced=referenced)
+    assert isinstance(root, dict) and isinstance(root["m"], Placeholder)
+    assert (root["m"].name, root["m"].made) == ("__main__.Model", False)
+    assert referenced == {"__main__.Model": "unknown"}
+    called = pickle_of(call(glob("posix", "system"), text("touch x")))
+    made, _, _ = load_pickle(called, "x.pt", "data.pkl", referenced=referenced)
+    assert isinstance(made, Placeholder) and made.made and made.args == ("touch x",)
+    assert referenced == {"__main__.Model": "unknown", "posix.system": "runs-code"}
 
 
 def test_state_dict_pickles_match_pickle_loads_where_both_apply() -> None:

@@ -138,6 +138,18 @@ class Skipped:
     """Why it was not read as a tensor, e.g. ``int leaf``."""
 
 
+@dataclass(frozen=True)
+class PickleGlobal:
+    """A global a pickle names (a class or function it would import), never imported by tieaudit."""
+
+    name: str
+    """Dotted name, e.g. ``argparse.Namespace``."""
+    verdict: str
+    """``allowed`` (read for real), ``runs-code``, ``known-data`` or ``unknown`` (placeholders)."""
+    file: str
+    """The file whose pickle names it, relative to the checkpoint folder."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class VocabRoles:
     """The tensors one model class uses as its vocabulary matrices, from the tie table, spelled as
@@ -206,6 +218,8 @@ class Checkpoint:
     """Hugging Face config facts, for folders."""
     files: tuple[str, ...] = ()
     """Every file read, relative to the checkpoint folder."""
+    pickle_globals: tuple[PickleGlobal, ...] = ()
+    """Every global the pickles read name, with its verdict (torch files)."""
 
     @cached_property
     def _by_name(self) -> dict[str, TensorInfo]:

@@ -22,7 +22,7 @@ from tieaudit.core.bytestore import ByteStore, OpenCheckpoint
 from tieaudit.core.errors import InputError, UnsafeInputError
 from tieaudit.core.escape import printable
 from tieaudit.core.limits import TooLarge, nesting_depth_exceeds, parse_failure, read_limited
-from tieaudit.core.records import Checkpoint, DeclaredTie, Skipped, StorageInfo, TensorInfo
+from tieaudit.core.records import Checkpoint, DeclaredTie, PickleGlobal, Skipped, StorageInfo, TensorInfo
 from tieaudit.formats.hf_ties import CONFIG, config_ties, model_config
 from tieaudit.formats.interface import Reader
 from tieaudit.formats.safetensors import read_header
@@ -68,6 +68,8 @@ class FilePart:
     """Further such entries, counted but not kept."""
     memory: dict[str, bytes] = field(default_factory=dict)
     """Storage bytes that live in memory rather than in the file, by storage id."""
+    pickle_globals: tuple[PickleGlobal, ...] = ()
+    """The globals its pickle names (torch files), relative to the folder."""
 
 
 MAX_CONFIG_BYTES = 16 << 20
@@ -231,6 +233,7 @@ def read_torch_part(folder: str, file: str) -> FilePart:
             skipped=sub.skipped,
             skipped_more=sub.skipped_more,
             memory=memory,
+            pickle_globals=tuple(PickleGlobal(g.name, g.verdict, file) for g in sub.pickle_globals),
         )
 
 
@@ -377,6 +380,7 @@ class HfDirReader(Reader):
             declared_ties=ties,
             skipped=tuple(notes + tokenizer_notes),
             skipped_more=sum(part.skipped_more for part in parts),
+            pickle_globals=tuple(g for part in parts for g in part.pickle_globals),
             config=model_config(
                 config,
                 os.path.join(folder, CONFIG),

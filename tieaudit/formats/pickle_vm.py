@@ -16,6 +16,8 @@ from __future__ import annotations
 import struct
 from typing import Protocol
 
+from tieaudit.formats.pickle_names import IMPORT_MAPPING, NAME_MAPPING, opcode_name
+
 MAX_OPCODES = 100_000_000
 """Opcodes one pickle may run: a 50k-tensor state dict runs 1.5 million, so a 1 TB model's
 metadata (a few million tensors with optimizer state) stays well under."""
@@ -67,25 +69,12 @@ class Hooks(Protocol):
     def build(self, inst: object, state: object) -> None:
         """BUILD: set state on inst (refuse where it would change what inst is)."""
 
+    def items_of(self, target: object, kind: type) -> object:
+        """Where SETITEM(S) (kind dict) or APPEND(S) (kind list) on target put their items: target
+        itself, or a plain container a stand-in keeps them in."""
+
     def persistent_load(self, pid: object) -> object:
         """BINPERSID: what a persistent id stands for."""
-
-
-# torch's Python 2 renaming (torch._utils.IMPORT_MAPPING / NAME_MAPPING) where it can matter: the
-# allowlisted builtins; other names are refused either way (by their protocol-3 spelling).
-_IMPORT_MAPPING = {"__builtin__": "builtins", "copy_reg": "copyreg"}
-_NAME_MAPPING = {
-    ("__builtin__", "xrange"): ("builtins", "range"),
-    ("__builtin__", "long"): ("builtins", "int"),
-}
-
-
-def _opcode_name(op: int) -> str:
-    import pickletools  # only on the error path
-
-    names = {opcode.code: opcode.name for opcode in pickletools.opcodes}
-    found = names.get(chr(op))
-    return f"{found} (0x{op:02x})" if found else f"0x{op:02x}"
 
 
 class PickleVM:
@@ -161,10 +150,13 @@ class PickleVM:
         raise PickleError(f"a dict key of type {type(key).__name__}, which tieaudit does not accept")
 
     def _setitem(self, target: object, key: object, value: object) -> None:
-        if not isinstance(target, dict):
+        holder = target if isinstance(target, dict) else self.hooks.items_of(target, dict)
+        if not isinstance(holder, dict):
             raise PickleError(f"SETITEM(S) on a {type(target).__name__}, not a dict")
-        target[self._key(key)] = value
-        self._grow(target, value)
+        holder[self._key(key)] = value
+        self._grow(holder, value)
+        if holder is not target:
+            self._grow(target, holder)
 
     # ------------------------------------------------------------------ the loop
 
@@ -178,8 +170,8 @@ class PickleVM:
                 raise PickleError(f"a GLOBAL line longer than {MAX_GLOBAL_BYTES} bytes")
             parts.append(data[pos:newline].decode("utf-8"))
             pos = newline + 1
-        module, name = _NAME_MAPPING.get((parts[0], parts[1]), (parts[0], parts[1]))
-        return _IMPORT_MAPPING.get(module, module), name, pos
+        module, name = NAME_MAPPING.get((parts[0], parts[1]), (parts[0], parts[1]))
+        return IMPORT_MAPPING.get(module, module), name, pos
 
     def run(self) -> tuple[object, int]:
         """Interpret opcodes until STOP; raise PickleError (or a hook's error) otherwise."""
@@ -231,7 +223,7 @@ class PickleVM:
                         if type(args) is not tuple:
                             raise PickleError(f"REDUCE with arguments of type {type(args).__name__}")
                         result = hooks.reduce(stack[-1], args)
-                        stack[-1] = self._made(result) if type(result) in containers else result
+                        stack[-1] = self._made(result, args) if type(result) in containers else result
                     elif op == 0x51:  # Q BINPERSID
                         stack.append(hooks.persistent_load(stack.pop()))
                     elif op == 0x29:  # ) EMPTY_TUPLE
@@ -305,6 +297,8 @@ class PickleVM:
                     elif op == 0x62:  # b BUILD
                         state = stack.pop()
                         hooks.build(stack[-1], state)
+                        if type(stack[-1]) in containers and not isinstance(stack[-1], dict):
+                            self._grow(stack[-1], state)  # a stand-in keeping the state
                     else:
                         pos -= 1
                         raise PickleError(self._refused(op, stack, pos))
@@ -334,7 +328,7 @@ class PickleVM:
                     if type(args) is not tuple:
                         raise PickleError(f"NEWOBJ with arguments of type {type(args).__name__}")
                     result = hooks.newobj(cls, args)
-                    stack.append(self._made(result) if type(result) in containers else result)
+                    stack.append(self._made(result, args) if type(result) in containers else result)
                 elif op == 0x8F:  # EMPTY_SET
                     stack.append(set())
                 elif op == 0x80:  # PROTO (torch accepts any number and warns)
@@ -349,8 +343,14 @@ class PickleVM:
         raise PickleError(f"more than {MAX_OPCODES} opcodes")
 
     def _append(self, target: object, items: list[object]) -> None:
-        if type(target) is not list:
+        holder = target if type(target) is list else self.hooks.items_of(target, list)
+        if type(holder) is not list:
             raise PickleError(f"APPEND(S) to a {type(target).__name__}, not a list")
+        self._extend(holder, items)
+        if holder is not target:
+            self._grow(target, holder)
+
+    def _extend(self, target: list[object], items: list[object]) -> None:
         containers, depths = self.containers, self.depths
         deepest = 0
         for item in items:
@@ -362,22 +362,22 @@ class PickleVM:
             self._register(target, deepest + 1)
         target.extend(items)
 
-    def _made(self, value: object) -> object:
-        """Register a container a hook returned (an OrderedDict, a Counter)."""
+    def _made(self, value: object, args: tuple[object, ...]) -> object:
+        """Register a container a hook returned (an OrderedDict, a Counter, a stand-in holding args)."""
         if isinstance(value, dict):
             depth = 1 + max((self._depth(item) for item in value.values()), default=0)
             for key in value:
                 self._key(key)
-            if depth > 1:
-                self._register(value, depth)
         else:
-            raise PickleError(f"a call returned a {type(value).__name__}")  # no allowlisted call does
+            depth = 1 + self._depth(args)
+        if depth > 1:
+            self._register(value, depth)
         return value
 
     def _refused(self, op: int, stack: list[object], pos: int) -> str:
         """Why an opcode is refused. STACK_GLOBAL and INST name a global: the hooks see it first, so
         one outside the allowlist is refused by name, as if GLOBAL had named it."""
-        name = _opcode_name(op)
+        name = opcode_name(op)
         named: tuple[str, str] | None = None
         if op == 0x93 and len(stack) >= 2 and isinstance(stack[-2], str) and isinstance(stack[-1], str):
             named = (stack[-2], stack[-1])

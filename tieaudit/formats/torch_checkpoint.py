@@ -8,16 +8,16 @@ are kept as ``Skipped`` entries with the reason.
 from __future__ import annotations
 
 import os
-import reprlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from tieaudit.core.bytestore import ByteStore, OpenCheckpoint
 from tieaudit.core.dtypes import ITEMSIZE, itemsize
 from tieaudit.core.errors import InputError
-from tieaudit.core.records import MAX_KEPT_SKIPPED, Checkpoint, Skipped, StorageInfo, TensorInfo
+from tieaudit.core.escape import printable
+from tieaudit.core.records import MAX_KEPT_SKIPPED, Checkpoint, PickleGlobal, Skipped, StorageInfo, TensorInfo
 from tieaudit.formats.pickle_vm import MAX_DEPTH
-from tieaudit.formats.torch_records import DtypeToken, Opaque, StorageRef, TensorRecord
+from tieaudit.formats.torch_records import DtypeToken, Opaque, Placeholder, StorageRef, TensorRecord, key_name
 from tieaudit.formats.viewable import check_viewable
 
 MAX_VISITS = 1_000_000
@@ -39,15 +39,6 @@ class Entry:
     """The leaf: a TensorRecord, or a value that becomes a Skipped entry."""
 
 
-def key_name(key: object) -> str:
-    """A dict key as a part of a dotted name."""
-    if isinstance(key, str):
-        return key
-    if isinstance(key, int) and not isinstance(key, bool):
-        return str(key)
-    return reprlib.repr(key)  # bounded depth and length, unlike str() of a hostile key
-
-
 class _Stop(Exception):
     """Counting stopped; the keys leading to where are collected while the recursion unwinds."""
 
@@ -55,6 +46,24 @@ class _Stop(Exception):
         super().__init__(problem)
         self.problem = problem
         self.keys: list[object] = []
+
+
+Walked = dict[object, object] | list[object] | tuple[object, ...] | Placeholder
+WALKED = (dict, list, tuple, Placeholder)
+"""Values whose parts are walked: containers, and placeholders (what an unknown class held)."""
+
+
+def _items(value: Walked) -> list[tuple[str, object]] | Iterable[tuple[str, object]]:
+    """(name part, item) pairs of a walked value."""
+    if isinstance(value, dict):
+        return ((key_name(key), item) for key, item in value.items())
+    if isinstance(value, Placeholder):
+        return value.parts()
+    return ((str(index), item) for index, item in enumerate(value))
+
+
+def _nonempty(value: Walked) -> bool:
+    return bool(value) if not isinstance(value, Placeholder) else True
 
 
 def _count(root: object, path: str) -> int:
@@ -66,7 +75,7 @@ def _count(root: object, path: str) -> int:
     """
     counts: dict[int, int] = {}
 
-    def count(value: dict[object, object] | list[object] | tuple[object, ...], depth: int) -> int:
+    def count(value: Walked, depth: int) -> int:
         known = counts.get(id(value))
         if known is not None:
             if known < 0:
@@ -76,8 +85,8 @@ def _count(root: object, path: str) -> int:
             raise _Stop(f"is nested deeper than {MAX_DEPTH} levels")
         counts[id(value)] = -1
         total = 1
-        for key, item in value.items() if isinstance(value, dict) else enumerate(value):
-            if isinstance(item, (dict, list, tuple)) and item:
+        for key, item in _items(value):
+            if isinstance(item, WALKED) and _nonempty(item):
                 try:
                     total += count(item, depth + 1)
                 except _Stop as stop:
@@ -90,7 +99,7 @@ def _count(root: object, path: str) -> int:
         counts[id(value)] = total
         return total
 
-    if not isinstance(root, (dict, list, tuple)):
+    if not isinstance(root, WALKED):
         return 1
     try:
         return count(root, 0)
@@ -105,23 +114,25 @@ def _leaves(root: object, path: str) -> list[tuple[str, object]]:
     leaves: list[tuple[str, object]] = []
     add = leaves.append
 
-    def walk(name: str, value: object) -> None:
-        items: Iterable[tuple[object, object]]
-        spell: Callable[[object], str]
-        if isinstance(value, dict):
-            items, spell = value.items(), key_name
-        elif isinstance(value, (list, tuple)):
-            items, spell = enumerate(value), str
-        else:
+    def walk(name: str, value: object) -> bool:
+        """Add the leaves under value; whether a tensor is among them. A placeholder holding no
+        tensor is one leaf (its numbers and strings would only be noise)."""
+        if not isinstance(value, WALKED):
             add((name or ROOT_NAME, value))
-            return
+            return isinstance(value, TensorRecord)
+        first = len(leaves)
         prefix = f"{name}." if name else ""
-        for key, item in items:
-            if isinstance(item, (dict, list, tuple)):
-                if item:  # an empty container has no leaves to name
-                    walk(prefix + spell(key), item)
-            else:
-                add((prefix + spell(key), item))
+        found = False
+        for key, item in _items(value):
+            if not isinstance(item, WALKED):
+                add((prefix + key, item))
+                found = found or isinstance(item, TensorRecord)
+            elif _nonempty(item):  # an empty container has no leaves to name
+                found = walk(prefix + key, item) or found
+        if isinstance(value, Placeholder) and not found:
+            del leaves[first:]
+            add((name or ROOT_NAME, value))
+        return found
 
     walk("", root)
     return leaves
@@ -144,6 +155,10 @@ def _skip_reason(value: object) -> str:
         return plain
     if isinstance(value, Opaque):
         return f"{value.kind} leaf"
+    if isinstance(value, Placeholder):
+        what = "object" if value.made else "global"
+        shown = printable(value.name[:120])
+        return f"{shown} {what}: an inert placeholder (never imported or called), no tensor inside"
     if isinstance(value, DtypeToken):
         return "torch.dtype leaf"
     if isinstance(value, StorageRef):
@@ -188,7 +203,12 @@ def _storage_infos(
 
 
 def build_checkpoint(
-    path: str, root: object, storages: dict[str, StorageRef], *, locate: LocateStorage
+    path: str,
+    root: object,
+    storages: dict[str, StorageRef],
+    *,
+    locate: LocateStorage,
+    referenced: Mapping[str, str] | None = None,
 ) -> OpenCheckpoint:
     """Turn the unpickled object into a Checkpoint: tensors, storages located in the file, skipped leaves."""
     file = os.path.basename(path)
@@ -241,5 +261,8 @@ def build_checkpoint(
         skipped=tuple(skipped),
         skipped_more=more,
         files=(file,),
+        pickle_globals=tuple(
+            PickleGlobal(name, verdict, file) for name, verdict in (referenced or {}).items()
+        ),
     )
     return OpenCheckpoint(checkpoint, ByteStore(os.path.dirname(os.path.abspath(path))))

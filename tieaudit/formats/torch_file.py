@@ -22,10 +22,10 @@ from tieaudit.core.escape import printable
 from tieaudit.formats.interface import Reader
 from tieaudit.formats.magic import ZIP_MAGIC
 from tieaudit.formats.pickle_vm import MAX_DEPTH, Truncated
-from tieaudit.formats.torch_checkpoint import ROOT_NAME, LocateStorage, build_checkpoint, flatten, key_name
+from tieaudit.formats.torch_checkpoint import ROOT_NAME, LocateStorage, build_checkpoint, flatten
 from tieaudit.formats.torch_legacy import MAGIC_NUMBER, read_legacy
-from tieaudit.formats.torch_pickle import MAX_PICKLE_BYTES, load_pickle, truncated_error
-from tieaudit.formats.torch_records import StorageRef
+from tieaudit.formats.torch_pickle import MAX_PICKLE_BYTES, Referenced, load_pickle, truncated_error
+from tieaudit.formats.torch_records import StorageRef, key_name
 from tieaudit.formats.zip_archive import (
     ZipArchive,
     ZipMember,
@@ -129,7 +129,9 @@ def _zip_locator(archive: ZipArchive, prefix: str, path: str) -> LocateStorage:
     return locate
 
 
-def _read_zip(fd: int, size: int, path: str) -> tuple[object, dict[str, StorageRef], LocateStorage]:
+def _read_zip(
+    fd: int, size: int, path: str, *, referenced: Referenced
+) -> tuple[object, dict[str, StorageRef], LocateStorage]:
     archive = read_archive(fd, size, path)
     prefix = _prefix(archive, path)
     _check_records(fd, archive, prefix, path=path)
@@ -139,7 +141,7 @@ def _read_zip(fd: int, size: int, path: str) -> tuple[object, dict[str, StorageR
     what = shown(member.name)
     data = read_member(fd, member, MAX_PICKLE_BYTES, path=path)
     try:
-        root, storages, _ = load_pickle(data, path, what)
+        root, storages, _ = load_pickle(data, path, what, referenced=referenced)
     except Truncated:
         raise truncated_error(what, path) from None
     return root, storages, _zip_locator(archive, prefix, path)
@@ -180,6 +182,16 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
+def with_dangerous(exc: InputError, referenced: Referenced) -> InputError:
+    """exc, saying also which globals the unreadable file names that would run code."""
+    named = [name for name, verdict in referenced.items() if verdict == "runs-code"]
+    if not named:
+        return exc
+    shown = printable(", ".join(named)[:300])
+    exc.message += f"; its pickle also names {shown}, which runs code under torch.load(weights_only=False)"
+    return exc
+
+
 class TorchReader(Reader):
     """torch.save files, zip or legacy, recognised by content rather than suffix."""
 
@@ -189,18 +201,21 @@ class TorchReader(Reader):
         return _is_zip(path, head) or _is_legacy(head)
 
     def read(self, path: str) -> OpenCheckpoint:
+        referenced: Referenced = {}
         try:
             with open(path, "rb") as handle, _collector_paused():
                 fd = handle.fileno()
                 size = os.fstat(fd).st_size
                 head = os.pread(fd, 64, 0)
                 if head.startswith(ZIP_MAGIC):
-                    root, storages, locate = _read_zip(fd, size, path)
+                    root, storages, locate = _read_zip(fd, size, path, referenced=referenced)
                 elif _is_legacy(head):
-                    root, storages, locate = read_legacy(fd, size, path)
+                    root, storages, locate = read_legacy(fd, size, path, referenced=referenced)
                 else:
                     raise UnsupportedFormatError("not a torch.save file (neither zip nor legacy magic)", path)
-                return build_checkpoint(path, root, storages, locate=locate)
+                return build_checkpoint(path, root, storages, locate=locate, referenced=referenced)
+        except InputError as exc:
+            raise with_dangerous(exc, referenced) from None
         except IsADirectoryError:
             raise InputError("is a folder, not a torch.save file", path) from None
         except OSError as exc:

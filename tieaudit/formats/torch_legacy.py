@@ -16,7 +16,7 @@ from tieaudit.core.errors import InputError, UnsupportedFormatError
 from tieaudit.core.escape import printable
 from tieaudit.formats.pickle_vm import Truncated
 from tieaudit.formats.torch_checkpoint import LocateStorage
-from tieaudit.formats.torch_pickle import MAX_PICKLE_BYTES, Layout, load_pickle, truncated_error
+from tieaudit.formats.torch_pickle import MAX_PICKLE_BYTES, Layout, Referenced, load_pickle, truncated_error
 from tieaudit.formats.torch_records import StorageRef
 from tieaudit.formats.zip_archive import pread
 
@@ -50,13 +50,14 @@ def _load_at(
     what: str,
     layout: Layout = "plain",
     limit: int = MAX_PICKLE_BYTES,
+    referenced: Referenced,
 ) -> tuple[object, dict[str, StorageRef], int]:
     """The pickle starting at byte start (at most limit bytes), read through a growing window."""
     window = min(FIRST_WINDOW, limit)
     while True:
         data = pread(fd, min(window, size - start, limit), start)
         try:
-            root, storages, end = load_pickle(data, path, what, layout=layout)
+            root, storages, end = load_pickle(data, path, what, layout=layout, referenced=referenced)
         except Truncated:
             if start + len(data) >= size:
                 raise truncated_error(what, path) from None
@@ -71,7 +72,9 @@ def _shown(value: object) -> str:
     return printable(reprlib.repr(value))
 
 
-def read_legacy(fd: int, size: int, path: str) -> tuple[object, dict[str, StorageRef], LocateStorage]:
+def read_legacy(
+    fd: int, size: int, path: str, *, referenced: Referenced
+) -> tuple[object, dict[str, StorageRef], LocateStorage]:
     """The object pickle's root, its storages, and where each storage's bytes are in the file."""
     if _is_tar(fd):
         raise UnsupportedFormatError(
@@ -80,17 +83,25 @@ def read_legacy(fd: int, size: int, path: str) -> tuple[object, dict[str, Storag
             path,
         )
     header = MAX_HEADER_PICKLE_BYTES
-    magic, _, position = _load_at(fd, 0, size, path=path, what="the magic number", limit=header)
-    version, _, position = _load_at(fd, position, size, path=path, what="the protocol version", limit=header)
+    magic, _, position = _load_at(
+        fd, 0, size, referenced=referenced, path=path, what="the magic number", limit=header
+    )
+    version, _, position = _load_at(
+        fd, position, size, referenced=referenced, path=path, what="the protocol version", limit=header
+    )
     if magic != MAGIC_NUMBER or version != PROTOCOL_VERSION:
         raise InputError(f"not a legacy torch file (magic {_shown(magic)}, protocol {_shown(version)})", path)
-    sys_info, _, position = _load_at(fd, position, size, path=path, what="the system info", limit=header)
+    sys_info, _, position = _load_at(
+        fd, position, size, referenced=referenced, path=path, what="the system info", limit=header
+    )
     if not isinstance(sys_info, dict) or sys_info.get("little_endian") is not True:
         raise UnsupportedFormatError("big-endian (or unmarked) legacy checkpoints are not supported", path)
     root, storages, position = _load_at(
-        fd, position, size, path=path, what="the object pickle", layout="legacy"
+        fd, position, size, referenced=referenced, path=path, what="the object pickle", layout="legacy"
     )
-    keys, _, position = _load_at(fd, position, size, path=path, what="the storage key list")
+    keys, _, position = _load_at(
+        fd, position, size, referenced=referenced, path=path, what="the storage key list"
+    )
     offsets = _offsets(fd, size, position, keys=keys, storages=storages, path=path)
 
     def locate(ref: StorageRef) -> int:

@@ -1,9 +1,11 @@
 """torch.save's pickles, read by tieaudit's own pickle VM with torch's weights_only semantics.
 
 ``TorchHooks`` decides what the VM's globals, calls, BUILDs and persistent ids become: the
-stand-ins of ``torch_globals`` for allowlisted names, ``StorageRef`` records for storage ids.
-A global outside the allowlist goes to one policy function (``refuse_unknown`` today, which
-refuses it by name); everything else about a pickle is decided the same way for every file.
+stand-ins of ``torch_globals`` for allowlisted names, ``StorageRef`` records for storage ids, and
+an inert ``Placeholder`` for any other global (never imported, never called: calling it makes
+another placeholder holding the arguments). Every global a pickle names is recorded with its
+verdict (``pickle_globals``), so the rules can say which would run code under
+``torch.load(weights_only=False)`` (TIE010) and which are unknown classes (TIE011).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Literal
 
 from tieaudit.core.errors import InputError, UnsafeInputError, UnsupportedFormatError, one_line
 from tieaudit.core.escape import printable
+from tieaudit.formats.pickle_globals import Verdict, classify
 from tieaudit.formats.pickle_vm import PickleError, Truncated, run_pickle
 from tieaudit.formats.torch_globals import ALLOWLIST, NOT_READ
 from tieaudit.formats.torch_records import (
@@ -20,6 +23,7 @@ from tieaudit.formats.torch_records import (
     DtypeToken,
     Global,
     Opaque,
+    Placeholder,
     StateDict,
     StorageRef,
     StorageType,
@@ -28,34 +32,57 @@ from tieaudit.formats.torch_records import (
     check_int,
 )
 
-__all__ = ["DtypeToken", "Opaque", "StorageRef", "TensorRecord", "load_pickle", "refuse_unknown"]
+__all__ = [
+    "DtypeToken",
+    "Opaque",
+    "Placeholder",
+    "StorageRef",
+    "TensorRecord",
+    "load_pickle",
+    "refuse_unknown",
+]
 
 MAX_PICKLE_BYTES = 256 << 20
 """A pickle larger than this is refused: real ones hold metadata only (a 1 TB mixture-of-experts
 model with Adam state has about 300000 tensors, some 50 MB of pickle). Memory while unpickling is
 at most about 64 bytes per pickle byte (one small container per one-byte opcode)."""
 
+MAX_REFERENCED_GLOBALS = 4096
+"""Distinct globals one file's pickles may name; real checkpoints name fewer than 100."""
+
+Referenced = dict[str, Verdict]
+"""The globals a file's pickles name, dotted, with their verdict, in first-reference order."""
+
 Layout = Literal["zip", "legacy", "plain"]
 """How persistent ids look: zip archives (5 fields), legacy streams (6 fields), or none allowed."""
 
 UnknownGlobal = Callable[[str, str], object]
 """The policy for a global outside the allowlist: given its dotted name and the file, what the VM
-hands out for it, or raise. The one place a later change can make such globals inert."""
+hands out for it (``inert``: a placeholder), or raise (``refuse_unknown``)."""
 
 _WHY = "torch.load(weights_only=True) refuses it too"
 
 
+def inert(name: str, path: str) -> object:
+    """The reader's policy: a global outside the allowlist becomes an inert placeholder."""
+    del path
+    return Placeholder(name)
+
+
 def refuse_unknown(name: str, path: str) -> object:
-    """Today's policy: a global outside the allowlist is refused, by name."""
-    shown = printable(name if len(name) <= 120 else name[:120] + "...")
+    """The strict policy (torch.load(weights_only=True)'s): a global outside the allowlist is refused."""
     raise UnsafeInputError(
-        f"pickle references {shown}, which is not on the allowlist ({_WHY}); refusing to run it", path
+        f"pickle references {_shown(name)}, which is not on the allowlist ({_WHY}); refusing to run it", path
     )
 
 
 def _legacy_tensor_class(name: str) -> bool:
     module, _, attr = name.rpartition(".")
     return module in ("torch", "torch.cuda", "torch.sparse", "torch.cuda.sparse") and attr.endswith("Tensor")
+
+
+def _shown(name: str) -> str:
+    return printable(name if len(name) <= 120 else name[:120] + "...")
 
 
 def _named(value: object) -> str:
@@ -67,19 +94,36 @@ def _named(value: object) -> str:
 class TorchHooks:
     """The torch semantics of one pickle; ``storages`` collects every storage it declares."""
 
-    key_types: tuple[type, ...] = (DtypeToken,)
-    container_types: tuple[type, ...] = (StateDict, CounterDict)
+    key_types: tuple[type, ...] = (DtypeToken, Placeholder)
+    container_types: tuple[type, ...] = (StateDict, CounterDict, Placeholder)
 
-    def __init__(self, path: str, layout: Layout, unknown: UnknownGlobal = refuse_unknown) -> None:
+    def __init__(
+        self,
+        path: str,
+        layout: Layout,
+        unknown: UnknownGlobal | None = None,
+        *,
+        referenced: Referenced | None = None,
+    ) -> None:
         self.path = path
         self.layout = layout
-        self.unknown = unknown
+        self.unknown = unknown or inert
         self.storages: dict[str, StorageRef] = {}
         """Storage records by key, in first-reference order."""
+        self.referenced: Referenced = {} if referenced is None else referenced
+        """Every global named so far (shared by the pickles of one file)."""
+
+    def _note(self, module: str, name: str, *, allowed: bool) -> None:
+        full = f"{module}.{name}"
+        if full not in self.referenced:
+            if len(self.referenced) >= MAX_REFERENCED_GLOBALS:
+                bad(f"the pickle names more than {MAX_REFERENCED_GLOBALS} distinct globals")
+            self.referenced[full] = classify(module, name, allowed=allowed)
 
     def find_global(self, module: str, name: str) -> object:
         full = f"{module}.{name}"  # torch looks globals up by the joined name
         found = ALLOWLIST.get(full)
+        self._note(module, name, allowed=found is not None)
         if found is not None:
             return found
         why = NOT_READ.get(full) or ("legacy tensor classes" if _legacy_tensor_class(full) else None)
@@ -92,14 +136,28 @@ class TorchHooks:
     def reduce(self, func: object, args: tuple[object, ...]) -> object:
         if isinstance(func, Global) and func.call is not None:
             return func.call(*args)
+        if isinstance(func, Placeholder):
+            return Placeholder(func.name, made=True, args=args)
         bad(f"pickle calls {_named(func)}, which tieaudit does not run")
 
     def newobj(self, cls: object, args: tuple[object, ...]) -> object:
         if isinstance(cls, Global) and cls.new is not None:
             return cls.new(*args)
+        if isinstance(cls, Placeholder):
+            return Placeholder(cls.name, made=True, args=args)
         bad(f"pickle creates a {_named(cls)} object (NEWOBJ), which tieaudit does not run")
 
+    def items_of(self, target: object, kind: type) -> object:
+        # A placeholder for a dict or list subclass takes SETITEM(S) and APPEND(S) into its own
+        # plain containers; anything else is its own target (the VM refuses what is not a dict/list).
+        if isinstance(target, Placeholder):
+            return target.dictitems if kind is dict else target.listitems
+        return target
+
     def build(self, inst: object, state: object) -> None:
+        if isinstance(inst, Placeholder):
+            inst.states.append(state)
+            return
         # torch's BUILD sets a tensor's storage view (set_) or a Parameter's state: refused here,
         # since it would change what an already checked record means. OrderedDict and Counter
         # only take attributes (torch keeps module versions there), ignored.
@@ -119,6 +177,11 @@ class TorchHooks:
         storage_type, key, location, numel = pid[1:5]
         if fields == 6 and pid[5] is not None:
             raise UnsupportedFormatError("legacy storage views (torch < 0.4) are not supported", self.path)
+        if isinstance(storage_type, Placeholder):
+            bad(
+                f"a storage of type {_shown(storage_type.name)}, "
+                "which torch.load(weights_only=True) does not allow"
+            )
         if not isinstance(storage_type, StorageType) or type(key) is not str:
             bad("malformed storage id (expected storage type, key, location, numel)")
         if fields == 6 and not storage_type.typed:
@@ -149,14 +212,16 @@ def load_pickle(
     *,
     start: int = 0,
     layout: Layout = "zip",
-    unknown: UnknownGlobal = refuse_unknown,
+    unknown: UnknownGlobal = inert,
+    referenced: Referenced | None = None,
 ) -> tuple[object, dict[str, StorageRef], int]:
     """Unpickle the pickle at data[start:]: (root, storages, offset after STOP).
 
-    A malformed pickle, or one torch.load(weights_only=True) would refuse, is an InputError naming
-    path and what; a truncated one raises ``Truncated`` (callers reading a window may retry).
+    Globals it names are added to ``referenced``. A malformed pickle, or one the reader cannot
+    read as torch does, is an InputError naming path and what; a truncated one raises
+    ``Truncated`` (callers reading a window may retry).
     """
-    hooks = TorchHooks(path, layout, unknown)
+    hooks = TorchHooks(path, layout, unknown, referenced=referenced)
     try:
         root, end = run_pickle(data, start, hooks)
     except Truncated:

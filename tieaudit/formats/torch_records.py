@@ -5,6 +5,7 @@ Plain frozen data: nothing here refers to torch, and nothing from a pickle is ev
 
 from __future__ import annotations
 
+import reprlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -98,6 +99,64 @@ class Global:
     """tieaudit's version of calling it (REDUCE); None where torch's call is refused here."""
     new: Callable[..., object] | None = None
     """tieaudit's version of ``cls.__new__(cls, *args)`` (NEWOBJ); None where refused here."""
+
+
+class Placeholder:
+    """An inert stand-in for a global outside the allowlist, or for what using one would make.
+
+    Nothing is imported or called: REDUCE and NEWOBJ on a placeholder make another placeholder that
+    keeps the arguments, BUILD keeps the state, SETITEM(S)/APPEND(S) go to ``dictitems`` and
+    ``listitems``, so every tensor the pickle puts anywhere is still found. Hashed by identity (a
+    placeholder may be a dict key, as an enum member is).
+    """
+
+    __slots__ = ("args", "dictitems", "listitems", "made", "name", "states")
+
+    def __init__(self, name: str, *, made: bool = False, args: tuple[object, ...] = ()) -> None:
+        self.name = name
+        """The dotted name of the global (for a made object: the global it came from)."""
+        self.made = made
+        """False for the global itself; True for an object REDUCE/NEWOBJ made from it."""
+        self.args = args
+        """The arguments of the call that made it."""
+        self.states: list[object] = []
+        """The state of each BUILD applied to it."""
+        self.dictitems: dict[Any, Any] = {}
+        """What SETITEM(S) put in it (dict subclasses)."""
+        self.listitems: list[Any] = []
+        """What APPEND(S) put in it (list subclasses)."""
+
+    def __repr__(self) -> str:
+        shown = reprlib.repr(self.args[0]) if self.made and len(self.args) == 1 else ""
+        return f"<{self.name}({shown})>" if self.made else f"<{self.name}>"
+
+    def parts(self) -> list[tuple[str, object]]:
+        """What it holds, named as a user would look it up: items by key or index, attributes (a
+        dict BUILD state, or CPython's (dict, slots) pair) by name, the rest under ``__state__``
+        and ``__args__``."""
+        named: list[tuple[str, object]] = []
+        named.extend((key_name(key), value) for key, value in self.dictitems.items())
+        named.extend((str(index), value) for index, value in enumerate(self.listitems))
+        for index, state in enumerate(self.states):
+            pairs: tuple[object, ...] = state if type(state) is tuple and len(state) == 2 else (state,)
+            attributes = [part for part in pairs if type(part) is dict]
+            if len(attributes) + pairs.count(None) == len(pairs):
+                for part in attributes:
+                    named.extend((key_name(key), value) for key, value in part.items())
+            else:
+                named.append(("__state__" if len(self.states) == 1 else f"__state__.{index}", state))
+        if self.args:
+            named.append(("__args__", self.args))
+        return named
+
+
+def key_name(key: object) -> str:
+    """A dict key as a part of a dotted name."""
+    if isinstance(key, str):
+        return key
+    if isinstance(key, int) and not isinstance(key, bool):
+        return str(key)
+    return reprlib.repr(key)  # bounded depth and length, unlike str() of a hostile key
 
 
 class StateDict(OrderedDict[Any, Any]):

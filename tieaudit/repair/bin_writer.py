@@ -24,7 +24,7 @@ from tieaudit.core.errors import UnsupportedFormatError
 from tieaudit.core.records import Checkpoint
 from tieaudit.formats.hf_dir import WeightSet, confined_path, load_json
 from tieaudit.repair.plan import RetiePlan
-from tieaudit.repair.torch_writer import load_weights, retied, torch_module
+from tieaudit.repair.torch_writer import load_weights, refuse_placeholders, retied, torch_module
 
 
 def _move(roots: dict[str, Any], name: str, source: str, *, target: str, path: str) -> None:
@@ -44,6 +44,7 @@ def write_bin_weights(
 ) -> tuple[list[str], dict[str, str]]:
     """Write every .bin of the folder with the plan's copies as views; returns (files written,
     ``{name: file}`` for each name that moved to another shard)."""
+    refuse_placeholders(ckpt, weights.files)
     torch = torch_module(ckpt.path)
     holder = {t.name: t.file for t in ckpt.tensors}
     roots = {file: load_weights(confined_path(ckpt.path, file)) for file in weights.files}

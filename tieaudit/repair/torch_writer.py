@@ -11,11 +11,13 @@ is always torch.save's zip format, also when the input was a legacy file.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.errors import InputError, UnsupportedFormatError, one_line
+from tieaudit.core.escape import printable
+from tieaudit.core.records import Checkpoint
 from tieaudit.formats.torch_file import ROOT_NAME, ZIP_MAGIC
 from tieaudit.formats.torch_file import key_name as key_name  # the reader's naming, shared on purpose
 from tieaudit.repair.interface import Writer
@@ -49,6 +51,24 @@ def load_weights(path: str) -> Any:
         raise InputError(
             f"torch.load(weights_only=True) cannot load it ({one_line(exc, 200)})", path
         ) from None
+
+
+def refuse_placeholders(ckpt: Checkpoint, files: Iterable[str]) -> None:
+    """Refuse to rewrite a file whose pickle names globals tieaudit read only as inert placeholders:
+    writing goes through torch.load(weights_only=True), which refuses them, and tieaudit never
+    imports them to load the file another way."""
+    wanted = set(files)
+    inert = list(
+        dict.fromkeys(g.name for g in ckpt.pickle_globals if g.verdict != "allowed" and g.file in wanted)
+    )
+    if inert:
+        shown = printable(", ".join(inert[:5]) + (f" and {len(inert) - 5} more" if len(inert) > 5 else ""))
+        raise UnsupportedFormatError(
+            f"cannot rewrite it: its pickle names {shown}, which tieaudit reads only as inert "
+            "placeholders (torch.load(weights_only=True) refuses them and tieaudit never imports them); "
+            "save the tensors without these objects, then retie that file",
+            ckpt.path,
+        )
 
 
 def _is_container(torch: Any, value: object) -> bool:
@@ -150,6 +170,7 @@ class TorchWriter(Writer):
     def write(self, opened: OpenCheckpoint, plan: RetiePlan, out: str) -> list[str]:
         """Load the file with weights_only, re-tie the plan's copies, torch.save to out (zip format)."""
         ckpt = opened.checkpoint
+        refuse_placeholders(ckpt, ckpt.files)
         torch = torch_module(ckpt.path)
 
         root = load_weights(ckpt.path)

@@ -83,6 +83,10 @@ def report_dict(audit: Audit) -> dict[str, Any]:
         report["skipped"] = [{"name": s.name, "reason": s.reason} for s in listed]
         if ckpt.skipped_total > len(listed):
             report["skipped_total"] = ckpt.skipped_total
+    if ckpt.pickle_globals:
+        report["pickle_globals"] = [
+            {"name": g.name, "verdict": g.verdict, "file": g.file} for g in ckpt.pickle_globals
+        ]
     if ckpt.config is not None:
         config = ckpt.config
         report["config"] = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from collections import Counter
 
 from rich.console import Console
 from rich.table import Table
@@ -10,9 +11,10 @@ from rich.text import Text
 
 from tieaudit.audit import Audit
 from tieaudit.core.escape import printable
-from tieaudit.core.records import Checkpoint
+from tieaudit.core.records import Checkpoint, PickleGlobal
 from tieaudit.core.units import human_bytes
 from tieaudit.formats.hf_ties import CONFIG
+from tieaudit.formats.pickle_globals import VERDICTS
 from tieaudit.gate.check import CheckResult
 from tieaudit.graph.alias import TieState
 
@@ -139,9 +141,20 @@ def render_text(audit: Audit, color: bool = False, width: int = 120) -> str:
         console.print(f"{hidden} smaller tensors not shown; --format json lists every tensor.")
     for note in config_notes(ckpt):
         console.print(Text(f"note: {note}"), highlight=False, soft_wrap=True)
+    if ckpt.pickle_globals:
+        console.print(Text(pickle_globals_line(ckpt.pickle_globals)), highlight=False, soft_wrap=True)
     if ckpt.skipped:
         console.print(f"{ckpt.skipped_total} non-tensor entries skipped (--format json lists them).")
     return buffer.getvalue()
+
+
+def pickle_globals_line(used: tuple[PickleGlobal, ...]) -> str:
+    """How many globals the pickles name, by verdict, the worst ones spelled out."""
+    counts = Counter(g.verdict for g in used)
+    parts = [f"{counts[v]} {v}" for v in VERDICTS if counts[v]]
+    worst = [g.name for g in used if g.verdict in ("runs-code", "unknown")][:6]
+    named = f" ({', '.join(printable(n) for n in worst)})" if worst else ""
+    return f"Pickle globals: {', '.join(parts)}{named}; none was imported or called."
 
 
 def render_check_text(result: CheckResult, color: bool = False, width: int = 120) -> str:

@@ -30,7 +30,10 @@ def _fix(ckpt: Checkpoint, relations: set[str]) -> str:
     option = (
         f" --relations {','.join(sorted(set(DEFAULT_RELATIONS[ckpt.format]) | set(extra)))}" if extra else ""
     )
-    return f"tieaudit retie {ckpt.path} {out}{option}"
+    command = f"tieaudit retie {ckpt.path} {out}{option}"
+    if any(g.verdict != "allowed" for g in ckpt.pickle_globals):
+        return f"save the tensors without the pickled objects (see pickle_globals), then {command}"
+    return command
 
 
 _WHAT = {"equal": "the same bytes as", "transposed": "the transpose of", "cast": "a lower-precision cast of"}

@@ -20,6 +20,7 @@ from tieaudit.rules.declared import BROKEN, ORPHAN
 from tieaudit.rules.expected import EXPECTED_MISSING
 from tieaudit.rules.finding import Audited, Finding, Rule, most_severe_first
 from tieaudit.rules.overlap import OVERLAPPING
+from tieaudit.rules.pickle_code import RUNS_CODE, UNKNOWN_GLOBAL
 from tieaudit.rules.runtime_duplicate import RUNTIME_DUPLICATE
 from tieaudit.rules.vocab import VOCAB_MISALIGNED
 from tieaudit.rules.waste import WASTED_BYTES_CAP
@@ -39,6 +40,8 @@ RULES: dict[str, Rule] = {
             OVERLAPPING,
             EXPECTED_MISSING,
             WASTED_BYTES_CAP,
+            RUNS_CODE,
+            UNKNOWN_GLOBAL,
         ),
         key=lambda rule: rule.id,
     )
