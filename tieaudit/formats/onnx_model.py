@@ -295,10 +295,11 @@ class _Collector:
         self.aliases.update(resolve_identities(graph, scope, self.path))
         label = graph_path or "main"
         prefix = f"{graph_path}/" if graph_path else ""
-        for index, node in enumerate(graph.node):
-            node_name = self.consumers.record(node, index, scope, graph_label=label)
-            for sub_path, subgraph in subgraphs(node, prefix + node_name):
-                self.walk(subgraph, sub_path, scope)
+        with self.consumers.graph(graph):
+            for index, node in enumerate(graph.node):
+                node_name = self.consumers.record(node, index, scope, graph_label=label)
+                for sub_path, subgraph in subgraphs(node, prefix + node_name):
+                    self.walk(subgraph, sub_path, scope)
 
     def checkpoint(self, declared: tuple[DeclaredTie, ...] = ()) -> OpenCheckpoint:
         """The Checkpoint gathered so far, with the store its bytes are read through."""
