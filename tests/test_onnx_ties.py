@@ -214,6 +214,41 @@ def test_a_head_in_a_subgraph_reached_from_the_main_graph(tmp_path: Path) -> Non
     ]
 
 
+def test_a_subgraph_value_named_like_an_outer_chain_hides_it(tmp_path: Path) -> None:
+    """The branch computes its own E_t (Neg of an input): its MatMul reads that, not Transpose(E)."""
+    out = helper.make_tensor_value_info("branch_logits", TensorProto.FLOAT, [1, 4, 50])
+    branch_nodes = [
+        helper.make_node("Neg", ["other_t"], ["E_t"], name="own"),
+        helper.make_node("MatMul", ["hidden", "E_t"], ["branch_logits"], name="branch_mm"),
+    ]
+    branch = helper.make_graph(branch_nodes, "then", [], [out])
+    nodes = [
+        helper.make_node("Gather", ["E", "ids"], ["hidden"], name="embed"),
+        helper.make_node("Transpose", ["E"], ["E_t"], perm=[1, 0], name="transpose"),
+        helper.make_node("Add", ["E_t", "E_t"], ["unused"], name="add"),
+        helper.make_node("If", ["cond"], ["logits"], then_branch=branch, else_branch=branch, name="if"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "lm",
+        [
+            helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 4]),
+            helper.make_tensor_value_info("other_t", TensorProto.FLOAT, [8, 50]),
+            helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+        ],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 4, 50])],
+        initializer=[numpy_helper.from_array(E, "E")],
+    )
+    path = tmp_path / "m.onnx"  # not check_model'ed: the checker refuses a name an outer graph defines
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    report = _inspect_json(path, tmp_path)
+    assert report["consumer_ties"] == []
+    assert report["consumers"]["E"] == [
+        _use("embed", "Gather", 0, "embedding"),
+        _use("transpose", "Transpose", 0, "other"),
+    ]
+
+
 def test_an_equal_copy_is_no_kept_tie_but_a_finding(tmp_path: Path) -> None:
     """Gather(E) and Transpose(E_copy) -> MatMul: each initializer has one role, the copy is TIE001."""
     nodes = [
