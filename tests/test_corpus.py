@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +64,20 @@ def storage_truth(path: Path) -> set[frozenset[str]]:
     return {frozenset(names) for names in by_ptr.values() if len(names) > 1}
 
 
-def onnx_truth(path: Path) -> dict[str, Counter[str]]:
-    """Initializer -> op types of the nodes that read it, main graph and subgraphs, read with onnx."""
+@dataclass(frozen=True)
+class OnnxTruth:
+    """What the graph itself says, read with onnx (not tieaudit)."""
+
+    uses: dict[str, Counter[str]]
+    """Initializer -> op types of the nodes that read it (through Identity), subgraphs included."""
+    alias_groups: set[frozenset[str]]
+    """An initializer with the Identity outputs that are other names for it."""
+    tied: set[str]
+    """Initializers read by a Gather (data input) and by a MatMul/Gemm (input A or B), directly or
+    through Transpose/Identity nodes."""
+
+
+def onnx_truth(path: Path) -> OnnxTruth:
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
@@ -87,11 +100,29 @@ def onnx_truth(path: Path) -> dict[str, Counter[str]]:
             if node.op_type == "Identity" and node.input[0] in owner and node.output[0] not in owner:
                 owner[node.output[0]] = owner[node.input[0]]
                 changed = True
+    passed = dict(owner)  # value -> initializer it is, or is a transpose of
+    changed = True
+    while changed:
+        changed = False
+        for node in nodes:
+            through = node.op_type in ("Transpose", "Identity") and node.input and node.input[0] in passed
+            if through and node.output[0] not in passed:
+                passed[node.output[0]] = passed[node.input[0]]
+                changed = True
+    embedded, projected = set(), set()
     for node in nodes:
-        for value in node.input:
+        for slot, value in enumerate(node.input):
             if value in owner:
                 uses[owner[value]][node.op_type] += 1
-    return uses
+            if node.op_type == "Gather" and slot == 0 and value in owner:
+                embedded.add(owner[value])
+            if node.op_type in ("MatMul", "Gemm") and slot < 2 and value in passed:
+                projected.add(passed[value])
+    names: dict[str, set[str]] = defaultdict(set)
+    for value, initializer in owner.items():
+        names[initializer].add(value)
+    groups = {frozenset(group) for group in names.values() if len(group) > 1}
+    return OnnxTruth(uses=uses, alias_groups=groups, tied=embedded & projected)
 
 
 def groups_of(report: dict[str, Any]) -> set[frozenset[str]]:
@@ -122,11 +153,12 @@ def test_inspect_matches_independent_truth(corpus: Corpus, name: str, tmp_path: 
         assert groups_of(report) == truth
         assert truth == {frozenset(g) for g in expect["storage_groups"]}  # the generator agrees
     elif entry["format"] == "onnx":
-        op_truth = onnx_truth(path)
+        graph = onnx_truth(path)
         reported = {k: Counter(u["op_type"] for u in v) for k, v in report.get("consumers", {}).items()}
-        for initializer, ops in op_truth.items():
+        for initializer, ops in graph.uses.items():
             assert reported[initializer] == ops, initializer
-        assert groups_of(report) == set()
+        assert groups_of(report) == graph.alias_groups
+        assert {t["initializer"] for t in report["consumer_ties"]} == graph.tied
     else:
         assert groups_of(report) == set()  # safetensors cannot alias
     if "declared_ties" in expect:

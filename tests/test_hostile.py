@@ -250,7 +250,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[tuple[str, s
         for _, command, work, target, _ in prepared
     ]
     spec.write_text(json.dumps({"jobs": [vars(job) for job in jobs], "parallel": 3}))
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "tests")}
+    # ROOT first: the checkout under test, not whichever one the environment's install points at.
+    search_path = os.pathsep.join((str(ROOT), str(ROOT / "tests")))
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "PYTHONPATH": search_path}
     server = subprocess.run(
         [sys.executable, __file__, str(spec)],
         env=env,

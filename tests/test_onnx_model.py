@@ -79,9 +79,10 @@ def test_shared_initializer_is_one_tensor_consumed_by_gather_and_transpose(tmp_p
     open_ckpt = _read(tmp_path / "m.onnx")
     ckpt = open_ckpt.checkpoint
     assert [t.name for t in ckpt.tensors] == ["E"]
+    matmul = Consumer(node="matmul", op_type="MatMul", slot=1, graph="main", role="head")
     assert ckpt.consumers["E"] == (
-        Consumer(node="gather", op_type="Gather", slot=0, graph="main"),
-        Consumer(node="transpose", op_type="Transpose", slot=0, graph="main"),
+        Consumer(node="gather", op_type="Gather", slot=0, graph="main", role="embedding"),
+        Consumer(node="transpose", op_type="Transpose", slot=0, graph="main", role="head", reaches=(matmul,)),
     )
     tensor = ckpt.tensor("E")
     assert (tensor.dtype, tensor.shape, tensor.strides, tensor.byte_offset) == ("float32", (10, 4), (4, 1), 0)

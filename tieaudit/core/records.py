@@ -18,6 +18,7 @@ from tieaudit.core.limits import NPY_INTP_MAX, bounded_product, shown_dims
 
 Format = Literal["torch", "safetensors", "onnx", "hf-dir"]
 DeclaredBy = Literal["config", "metadata", "index", "policy"]
+ConsumerRole = Literal["embedding", "head", "alias", "other"]
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -121,6 +122,14 @@ class Consumer:
     """Input position of the initializer in that node."""
     graph: str
     """Name of the (sub)graph holding the node; ``main`` for the top graph."""
+    role: ConsumerRole = "other"
+    """What the node uses the tensor as: ``embedding`` (the data input of a Gather, a lookup
+    table), ``head`` (input A or B of a MatMul or Gemm, directly or through the Transpose and
+    Identity nodes listed in reaches), ``alias`` (an Identity: its output is another name for the
+    tensor, whose readers are consumers in their own right), ``other``."""
+    reaches: tuple[Consumer, ...] = ()
+    """For a Transpose (or Identity) reading the tensor: the MatMul and Gemm inputs its output
+    feeds, through further Transpose and Identity nodes."""
 
 
 MAX_KEPT_SKIPPED = 10_000

@@ -4,16 +4,14 @@ Tensors come from the main graph and every subgraph (If/Loop/Scan attributes, re
 Embedded bytes are held in memory; external data is located by tieaudit itself (``onnx_external``),
 never by onnx's loader, so a hostile location cannot make us read outside the model's folder.
 Tensors tieaudit does not read (sparse initializers, other attribute tensors, functions, training
-graphs, skipped dtypes) have their external data confined all the same (``onnx_tensors``). The
-consumer map records every node input slot that reads a tensor, resolving names the way ONNX
-scoping does (a subgraph sees its outer graphs' values) and seeing through Identity nodes.
+graphs, skipped dtypes) have their external data confined all the same (``onnx_tensors``). Who
+reads each tensor is gathered on the same walk (``onnx_consumers``).
 """
 
 from __future__ import annotations
 
 import os
 from collections import ChainMap
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from tieaudit.core.bytestore import ByteStore, OpenCheckpoint
@@ -23,7 +21,6 @@ from tieaudit.core.escape import quoted
 from tieaudit.core.limits import bounded_product
 from tieaudit.core.records import (
     Checkpoint,
-    Consumer,
     DeclaredTie,
     Skipped,
     StorageInfo,
@@ -31,6 +28,7 @@ from tieaudit.core.records import (
     contiguous_strides,
 )
 from tieaudit.formats.interface import Reader
+from tieaudit.formats.onnx_consumers import ConsumerMap, Scope, is_op, resolve_identities, subgraphs, text
 from tieaudit.formats.onnx_external import ExternalFiles
 from tieaudit.formats.onnx_tensors import every_tensor
 from tieaudit.formats.tie_records import TIES_METADATA_KEY, tieaudit_ties
@@ -64,14 +62,6 @@ ONNX_DTYPES: dict[str, str] = {
 
 _MODEL_FIELDS: dict[int, int] = {1: 0, 2: 2, 3: 2, 4: 2, 5: 0, 6: 2, 7: 2, 8: 2, 14: 2, 20: 2, 25: 2, 26: 2}
 """ModelProto field number -> protobuf wire type (0 varint, 2 length-delimited)."""
-
-_ONNX_DOMAINS = ("", "ai.onnx")
-
-Scope = ChainMap[str, "str | None"]
-"""Value name -> tensor name it refers to (None: a value that is not a stored tensor).
-
-One map per graph, chained to the enclosing graphs' maps: a subgraph sees outer values.
-"""
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int] | None:
@@ -107,13 +97,6 @@ def looks_like_model_proto(head: bytes) -> bool:
     return True
 
 
-def _text(value: str | bytes, what: str, path: str) -> str:
-    """A protobuf string field as str: protobuf hands out bytes when the field is not valid UTF-8."""
-    if isinstance(value, bytes):
-        raise InputError(f"{what} {value[:40]!r} is not valid UTF-8", path)
-    return value
-
-
 def load_model(path: str) -> ModelProto:
     """The ModelProto at path, without external data; parse failures become InputError."""
     import onnx
@@ -130,18 +113,6 @@ def load_model(path: str) -> ModelProto:
     return model
 
 
-def subgraphs(node: NodeProto, node_path: str) -> Iterator[tuple[str, GraphProto]]:
-    for attr in node.attribute:
-        if attr.HasField("g"):
-            yield f"{node_path}/{attr.name}", attr.g
-        for index, graph in enumerate(attr.graphs):
-            yield f"{node_path}/{attr.name}[{index}]", graph
-
-
-def is_op(node: NodeProto, op_type: str) -> bool:
-    return node.op_type == op_type and node.domain in _ONNX_DOMAINS
-
-
 class _Collector:
     """Walks a model's graphs, gathering tensors, storages and consumers."""
 
@@ -153,7 +124,7 @@ class _Collector:
         self.external = ExternalFiles(self.model_dir, path)
         self.tensors: list[TensorInfo] = []
         self.storages: dict[str, StorageInfo] = {}
-        self.consumers: dict[str, list[Consumer]] = {}
+        self.consumers = ConsumerMap(path)
         self.aliases: dict[str, str] = {}
         self.skipped: list[Skipped] = []
         self.files: list[str] = [self.model_file]
@@ -175,7 +146,7 @@ class _Collector:
         """Record one TensorProto; returns its tensor name, or None when it is skipped."""
         import onnx
 
-        name = self._unique_name(_text(value_name, "tensor name", self.path), graph_path)
+        name = self._unique_name(text(value_name, "tensor name", self.path), graph_path)
         try:
             type_name = onnx.TensorProto.DataType.Name(proto.data_type)
         except ValueError:
@@ -216,7 +187,7 @@ class _Collector:
                 file=storage.file,
             )
         )
-        self.consumers[name] = []
+        self.consumers.add_tensor(name)
         return name
 
     def _embedded(self, proto: TensorProto, name: str, dtype: str, *, numel: int) -> StorageInfo:
@@ -256,8 +227,8 @@ class _Collector:
     def _entries(self, proto: TensorProto, what: str) -> list[tuple[str, str]]:
         return [
             (
-                _text(entry.key, f"{what}: external data key", self.path),
-                _text(entry.value, f"{what}: external data", self.path),
+                text(entry.key, f"{what}: external data key", self.path),
+                text(entry.value, f"{what}: external data", self.path),
             )
             for entry in proto.external_data
         ]
@@ -286,11 +257,11 @@ class _Collector:
                 self.external.extent(where, self._entries(proto, where), None)
 
     def _constant(self, node: NodeProto, graph_path: str) -> str | None:
-        output = _text(node.output[0], "value name", self.path)
+        output = text(node.output[0], "value name", self.path)
         for attr in node.attribute:
             if attr.name == "value" and attr.HasField("t"):
                 return self.add_tensor(attr.t, output, graph_path)
-        kinds = ", ".join(_text(attr.name, "attribute name", self.path) for attr in node.attribute) or "no"
+        kinds = ", ".join(text(attr.name, "attribute name", self.path) for attr in node.attribute) or "no"
         self.skipped.append(Skipped(output, f"Constant with {kinds} attribute, not a tensor value"))
         return None
 
@@ -308,7 +279,7 @@ class _Collector:
             seen.add(init.name)
             scope[init.name] = self.add_tensor(init, init.name, graph_path)
         for sparse in graph.sparse_initializer:
-            sparse_name = _text(sparse.values.name, "sparse initializer name", self.path)
+            sparse_name = text(sparse.values.name, "sparse initializer name", self.path)
             self.skipped.append(Skipped(sparse_name, "sparse initializer (external data confined, not read)"))
             scope[sparse.values.name] = None
         for node in graph.node:
@@ -317,51 +288,18 @@ class _Collector:
             if is_op(node, "Constant") and node.output:
                 scope[node.output[0]] = self._constant(node, graph_path)
 
-    def _resolve_identities(self, graph: GraphProto, scope: Scope) -> None:
-        source_of = {
-            _text(node.output[0], "value name", self.path): _text(node.input[0], "value name", self.path)
-            for node in graph.node
-            if is_op(node, "Identity") and node.input and node.output
-        }
-        resolved: dict[str, str | None] = {}
-
-        def target_of(name: str) -> str | None:
-            # Follow the chain to its first non-Identity value once, whatever the node order
-            # (sweeping the node list until nothing changes is quadratic on a reversed chain).
-            chain: dict[str, None] = {}
-            while name in source_of and name not in resolved and name not in chain:
-                chain[name] = None
-                name = source_of[name]
-            if name in resolved:
-                end = resolved[name]
-            else:
-                end = None if name in chain else scope.get(name)  # a cycle ends nowhere
-            for step in chain:
-                resolved[step] = end
-            return end
-
-        for output in source_of:
-            target = target_of(output)
-            if target is not None and scope.get(output) != target:
-                scope[output] = self.aliases[output] = target
-
     def walk(self, graph: GraphProto, graph_path: str, outer: Scope) -> None:
         """Collect graph's tensors and consumers, then its subgraphs' (which see graph's values)."""
         scope = outer.new_child()
         self._define_values(graph, graph_path, scope)
-        self._resolve_identities(graph, scope)
+        self.aliases.update(resolve_identities(graph, scope, self.path))
         label = graph_path or "main"
         prefix = f"{graph_path}/" if graph_path else ""
-        for index, node in enumerate(graph.node):
-            node_name = _text(node.name, "node name", self.path) or f"#{index}"
-            op_type = _text(node.op_type, "operator type", self.path)
-            for slot, value in enumerate(node.input):
-                target = scope.get(value) if value else None
-                if target is not None:
-                    use = Consumer(node=node_name, op_type=op_type, slot=slot, graph=label)
-                    self.consumers[target].append(use)
-            for sub_path, subgraph in subgraphs(node, prefix + node_name):
-                self.walk(subgraph, sub_path, scope)
+        with self.consumers.graph(graph):
+            for index, node in enumerate(graph.node):
+                node_name = self.consumers.record(node, index, scope, graph_label=label)
+                for sub_path, subgraph in subgraphs(node, prefix + node_name):
+                    self.walk(subgraph, sub_path, scope)
 
     def checkpoint(self, declared: tuple[DeclaredTie, ...] = ()) -> OpenCheckpoint:
         """The Checkpoint gathered so far, with the store its bytes are read through."""
@@ -370,7 +308,7 @@ class _Collector:
             format="onnx",
             tensors=tuple(self.tensors),
             storages=self.storages,
-            consumers={name: tuple(uses) for name, uses in self.consumers.items()},
+            consumers=self.consumers.frozen(),
             aliases=self.aliases,
             skipped=tuple(self.skipped),
             files=tuple(self.files),

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 
 from tieaudit.core.records import Checkpoint, DeclaredTie, TensorInfo
+from tieaudit.graph.consumer_ties import ConsumerTie, consumer_ties
 
 Relation = Literal["identical", "transposed", "overlapping", "disjoint"]
 
@@ -47,6 +49,9 @@ class AliasGroup:
     Names not paired here view disjoint bytes. At most MAX_LISTED_PAIRS are listed."""
     pairs_truncated: bool = False
     """True when more pairs of touching views exist than MAX_LISTED_PAIRS (the relation still counts them)."""
+    aliases: tuple[str, ...] = ()
+    """Names among ``names`` that are ONNX Identity outputs: another name for a tensor viewing this
+    storage (paired with it as identical), not stored themselves."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,6 +78,11 @@ class AliasGraph:
     """Storages viewed by two or more names."""
     ties: tuple[TieState, ...]
     """Declared ties and how the files realise them."""
+
+    @cached_property
+    def consumer_ties(self) -> tuple[ConsumerTie, ...]:
+        """ONNX: tensors read both as embedding and as head (a tie kept by one shared initializer)."""
+        return consumer_ties(self.checkpoint)
 
     @property
     def stored_bytes(self) -> int:
@@ -130,19 +140,22 @@ def _touching(views: list[TensorInfo]) -> list[tuple[TensorInfo, TensorInfo]]:
     return found
 
 
-def _group(storage_id: str, tensors: list[TensorInfo], nbytes: int) -> AliasGroup:
+def _group(
+    storage_id: str, tensors: list[TensorInfo], nbytes: int, *, aliases: list[tuple[str, str]]
+) -> AliasGroup:
     by_view: dict[tuple[object, ...], list[TensorInfo]] = defaultdict(list)
     for tensor in tensors:
         by_view[_view_key(tensor)].append(tensor)
     pairs = [
         PairRelation(same[0].name, other.name, "identical") for same in by_view.values() for other in same[1:]
     ]
+    pairs += [PairRelation(target, alias, "identical") for alias, target in aliases]
     touching = _touching([same[0] for same in by_view.values()])
     pairs += [PairRelation(a.name, b.name, relate(a, b)) for a, b in touching]
     disjoint: Relation = "disjoint"
     relation = max((p.relation for p in pairs), key=_PRIORITY.__getitem__, default=disjoint)
     listed = tuple(pairs[:MAX_LISTED_PAIRS])
-    names = tuple(t.name for t in tensors)
+    names = tuple(t.name for t in tensors) + tuple(alias for alias, _ in aliases)
     return AliasGroup(
         storage_id=storage_id,
         names=names,
@@ -150,7 +163,19 @@ def _group(storage_id: str, tensors: list[TensorInfo], nbytes: int) -> AliasGrou
         nbytes=nbytes,
         pairs=listed,
         pairs_truncated=len(pairs) > MAX_LISTED_PAIRS,
+        aliases=tuple(alias for alias, _ in aliases),
     )
+
+
+def _identity_aliases(checkpoint: Checkpoint) -> dict[str, list[tuple[str, str]]]:
+    """Storage id -> (alias, tensor) for ONNX Identity outputs naming a stored tensor (an output
+    spelled like a stored name is that tensor, as loaders see it, and no second name)."""
+    by_storage: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    stored = checkpoint.names
+    for alias, target in checkpoint.aliases.items():
+        if target in stored and alias not in stored:
+            by_storage[checkpoint.tensor(target).storage_id].append((alias, target))
+    return by_storage
 
 
 def tie_states(checkpoint: Checkpoint, ties: tuple[DeclaredTie, ...]) -> tuple[TieState, ...]:
@@ -172,13 +197,15 @@ def tie_states(checkpoint: Checkpoint, ties: tuple[DeclaredTie, ...]) -> tuple[T
 
 
 def build_graph(checkpoint: Checkpoint, extra_ties: tuple[DeclaredTie, ...] = ()) -> AliasGraph:
-    """Group names by storage and place the declared ties (from the files, plus extra_ties)."""
+    """Group names by storage (ONNX Identity outputs with the tensor they name) and place the
+    declared ties (from the files, plus extra_ties)."""
     by_storage: dict[str, list[TensorInfo]] = defaultdict(list)
     for tensor in checkpoint.tensors:
         by_storage[tensor.storage_id].append(tensor)
+    aliases = _identity_aliases(checkpoint)
     groups = tuple(
-        _group(storage_id, views, checkpoint.storages[storage_id].nbytes)
+        _group(storage_id, views, checkpoint.storages[storage_id].nbytes, aliases=aliases.get(storage_id, []))
         for storage_id, views in by_storage.items()
-        if len(views) > 1
+        if len(views) + len(aliases.get(storage_id, ())) > 1
     )
     return AliasGraph(checkpoint, groups, tie_states(checkpoint, checkpoint.declared_ties + extra_ties))

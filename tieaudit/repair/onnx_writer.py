@@ -28,7 +28,8 @@ import numpy as np
 from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.errors import InputError, UsageError, one_line
 from tieaudit.core.records import TensorInfo
-from tieaudit.formats.onnx_model import ONNX_DTYPES, is_op, load_model, subgraphs
+from tieaudit.formats.onnx_consumers import is_op, subgraphs
+from tieaudit.formats.onnx_model import ONNX_DTYPES, load_model
 from tieaudit.formats.tie_records import TIES_METADATA_KEY, composed_relation
 from tieaudit.repair.interface import Writer
 from tieaudit.repair.plan import Decision, RetiePlan

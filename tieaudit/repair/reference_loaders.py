@@ -156,7 +156,7 @@ class _Safetensors(Loaded):
 def _onnx_protos(graph: Any) -> Iterator[tuple[str, Any]]:
     """(value name, TensorProto) of every tensor the ONNX reader takes, in the reader's order:
     a graph's initializers, its Constant values, then each node's subgraphs."""
-    from tieaudit.formats.onnx_model import is_op, subgraphs
+    from tieaudit.formats.onnx_consumers import is_op, subgraphs
 
     yield from ((init.name, init) for init in graph.initializer)
     for node in graph.node:

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from tieaudit.audit import Audit
+from tieaudit.core.records import Consumer
 from tieaudit.core.version import __version__
 from tieaudit.rules.finding import Finding
 
@@ -28,6 +29,19 @@ def finding_dict(finding: Finding) -> dict[str, Any]:
         "message": finding.message,
         "fix": finding.fix,
         **({"details": dict(finding.details)} if finding.details else {}),
+    }
+
+
+def consumer_dict(consumer: Consumer) -> dict[str, Any]:
+    """One node input slot reading a tensor, with its role (and the matrix products a chain reaches)."""
+    reaches = [consumer_dict(r) for r in consumer.reaches]
+    return {
+        "node": consumer.node,
+        "op_type": consumer.op_type,
+        "slot": consumer.slot,
+        "graph": consumer.graph,
+        "role": consumer.role,
+        **({"reaches": reaches} if reaches else {}),
     }
 
 
@@ -60,6 +74,7 @@ def report_dict(audit: Audit) -> dict[str, Any]:
                 "nbytes": g.nbytes,
                 "pairs": [[p.first, p.second, p.relation] for p in g.pairs],
                 **({"pairs_truncated": True} if g.pairs_truncated else {}),
+                **({"aliases": list(g.aliases)} if g.aliases else {}),
             }
             for g in audit.graph.groups
         ],
@@ -98,9 +113,18 @@ def report_dict(audit: Audit) -> dict[str, Any]:
         }
     if ckpt.consumers:
         report["consumers"] = {
-            name: [{"node": c.node, "op_type": c.op_type, "slot": c.slot, "graph": c.graph} for c in uses]
-            for name, uses in ckpt.consumers.items()
+            name: [consumer_dict(c) for c in uses] for name, uses in ckpt.consumers.items()
         }
+    if ckpt.format == "onnx":
+        report["consumer_ties"] = [
+            {
+                "initializer": tie.initializer,
+                "consumers": [consumer_dict(c) for c in tie.consumers],
+                "nbytes": tie.nbytes,
+                "aliases": list(tie.aliases),
+            }
+            for tie in audit.graph.consumer_ties
+        ]
     if ckpt.aliases:
         report["aliases"] = dict(ckpt.aliases)
     return report

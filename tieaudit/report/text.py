@@ -11,7 +11,7 @@ from rich.text import Text
 
 from tieaudit.audit import Audit
 from tieaudit.core.escape import printable
-from tieaudit.core.records import Checkpoint, PickleGlobal
+from tieaudit.core.records import Checkpoint, Consumer, PickleGlobal
 from tieaudit.core.units import human_bytes
 from tieaudit.formats.hf_ties import CONFIG
 from tieaudit.formats.pickle_globals import VERDICTS
@@ -56,7 +56,35 @@ def _groups_table(audit: Audit) -> Table:
     for column in ("storage", "names", "relation", "size"):
         table.add_column(column, justify="right" if column == "size" else "left")
     for group in audit.graph.groups:
-        table.add_row(cell(group.storage_id), cells(group.names), group.relation, human_bytes(group.nbytes))
+        aliases = set(group.aliases)
+        names = [f"{name} (Identity alias)" if name in aliases else name for name in group.names]
+        table.add_row(cell(group.storage_id), cells(names), group.relation, human_bytes(group.nbytes))
+    return table
+
+
+def _use(consumer: Consumer) -> str:
+    where = "" if consumer.graph == "main" else f" in {consumer.graph}"
+    return f"{consumer.op_type} {consumer.node} (input {consumer.slot}){where}"
+
+
+def _consumer_ties_table(audit: Audit) -> Table:
+    table = Table(
+        title="Ties kept by shared consumers (one initializer read as embedding and as head)",
+        title_justify="left",
+    )
+    for column in ("initializer", "consumers", "role", "size"):
+        table.add_column(column, justify="right" if column == "size" else "left")
+    for tie in audit.graph.consumer_ties:
+        uses: list[str] = []
+        roles: list[str] = []
+        for consumer in tie.consumers:
+            uses.append(_use(consumer))
+            roles.append(consumer.role)
+            for reached in consumer.reaches:
+                uses.append(f"  -> {_use(reached)}")
+                roles.append("")
+        names = [tie.initializer, *(f"(alias {alias})" for alias in tie.aliases)]
+        table.add_row(cells(names), cells(uses), Text("\n".join(roles)), human_bytes(tie.nbytes))
     return table
 
 
@@ -129,6 +157,8 @@ def render_text(audit: Audit, color: bool = False, width: int = 120) -> str:
         console.print(_groups_table(audit))
     else:
         console.print("No names share a storage.")
+    if audit.graph.consumer_ties:
+        console.print(_consumer_ties_table(audit))
     if audit.graph.ties:
         console.print(_ties_table(audit))
     if audit.findings:

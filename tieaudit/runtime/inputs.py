@@ -18,7 +18,8 @@ from tieaudit.core.errors import InputError, UsageError
 from tieaudit.core.escape import printable
 from tieaudit.core.records import Checkpoint
 from tieaudit.core.units import human_bytes
-from tieaudit.formats.onnx_model import ONNX_DTYPES, is_op
+from tieaudit.formats.onnx_consumers import is_op
+from tieaudit.formats.onnx_model import ONNX_DTYPES
 
 if TYPE_CHECKING:
     from onnx import ModelProto, ValueInfoProto
