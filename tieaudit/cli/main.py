@@ -81,7 +81,7 @@ def _not_one_model(path: str, checkpoints: tuple[str, ...]) -> None:
     """inspect of a folder that is not one model: what `check` would audit in it instead; exit 2."""
     why = "no config.json or shard index beside weights"
     if not checkpoints:
-        echo_error(f"{path}: not one model ({why}), and no checkpoint under it")
+        echo_error(f"{path}: no weights found: not one model ({why}), and no checkpoint under it")
     else:
         count = f"{len(checkpoints)} {'checkpoint' if len(checkpoints) == 1 else 'checkpoints'}"
         echo_error(f"{path}: not one model ({why}); `tieaudit check {path}` audits the {count} under it:")
@@ -247,7 +247,9 @@ def check(
         echo_error(f"{error.path}: {error.message}")
     for pointer in result.skipped_pointers:
         echo_note(f"note: {pointer.path}: {pointer.message} (skipped: --skip-lfs-pointers)")
-    walked_skips = result.skipped_files > len(result.skipped_pointers)  # pointers named have their note
+    # skipped files are counted once something was audited (pointers named have their note; a lone
+    # error stays its one line)
+    walked_skips = result.checked and result.skipped_files > len(result.skipped_pointers)
     if fmt == "text" and (len(result.checked) + len(result.errors) > 1 or walked_skips):
         click.echo(check_summary_line(result), err=True)
     code = result.exit_code(writing_baseline=write_baseline_path is not None, exit_zero=exit_zero)

@@ -19,14 +19,15 @@ from dataclasses import dataclass
 from tieaudit.core.errors import InputError, UsageError
 from tieaudit.core.globs import compile_glob, glob_matches, posix_relative
 from tieaudit.formats.hf_covered import covered_files
-from tieaudit.formats.hf_dir import SAFE_INDEX, TORCH_INDEX, TORCH_SINGLE
+from tieaudit.formats.hf_dir import SAFE_INDEX, TORCH_INDEX, TORCH_SINGLE, hub_blobs
 from tieaudit.formats.hf_ties import CONFIG
-from tieaudit.formats.magic import LFS_POINTER, is_lfs_pointer, might_be_torch, read_head
+from tieaudit.formats.magic import is_lfs_pointer, might_be_torch, read_head
 from tieaudit.gate.files import (
     EXCLUDED,
     HIDDEN,
     LINKED_FOLDER,
     NOT_REGULAR,
+    OUTSIDE_LINK,
     STAGING,
     FileVerdict,
     covered_reason,
@@ -214,21 +215,33 @@ class _Walk:
         if not stat.S_ISREG(status.st_mode):
             self._skip(entry.path, NOT_REGULAR)
             return False
-        if link and not _inside(os.path.realpath(entry.path), self.real_root):
-            self._error(entry.path, LINK_OUTSIDE)
+        named = entry.name.endswith(CHECKPOINT_SUFFIXES + TORCH_SUFFIXES)
+        if link and not self._link_inside(entry.path):
+            if named:
+                self._error(entry.path, LINK_OUTSIDE)
+            else:
+                self._skip(entry.path, OUTSIDE_LINK)
             return False
-        if entry.name.endswith(CHECKPOINT_SUFFIXES + TORCH_SUFFIXES):
-            try:
-                head, _ = read_head(entry.path)
-            except InputError:  # unreadable now: the audit says why, in one line
+        try:
+            head, _ = read_head(entry.path)
+        except InputError:  # unreadable now: a checkpoint's audit says why, in one line
+            if named:
                 return True
-            if is_lfs_pointer(head, status.st_size):
-                self._skip(entry.path, LFS_POINTER)
-                return False
+            head = b""
+        if named and not is_lfs_pointer(head, status.st_size):
             if entry.name.endswith(CHECKPOINT_SUFFIXES) or might_be_torch(head):
                 return True
-        self._skip(entry.path, skip_reason(entry.path, status.st_size))
+        self._skip(entry.path, skip_reason(head, entry.name, status.st_size))
         return False
+
+    def _link_inside(self, path: str) -> bool:
+        """A link's file lies inside the folder searched, or in the hub cache's blobs folder of the
+        snapshot holding it (as the model folder reader allows)."""
+        real = os.path.realpath(path)
+        if _inside(real, self.real_root):
+            return True
+        blobs = hub_blobs(os.path.dirname(path))
+        return blobs is not None and _inside(real, os.path.realpath(blobs))
 
     def _excluded(self, entry: os.DirEntry[str]) -> str:
         """The first --exclude pattern matching the entry, or empty."""

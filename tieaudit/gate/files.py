@@ -9,19 +9,18 @@ folder that is not entered (hidden, excluded, a link) is listed once, as a whole
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from dataclasses import dataclass
 from typing import Literal
 
-from tieaudit.core.errors import InputError
-from tieaudit.formats.magic import LFS_POINTER, is_lfs_pointer, read_head, recognised_unsupported
+from tieaudit.formats.magic import LFS_POINTER, is_lfs_pointer, recognised_unsupported
 
 __all__ = [
     "EXCLUDED",
     "HIDDEN",
     "LFS_POINTER",
     "LINKED_FOLDER",
+    "OUTSIDE_LINK",
     "NOT_A_CHECKPOINT",
     "NOT_REGULAR",
     "STAGING",
@@ -39,6 +38,7 @@ HIDDEN = "hidden (its name starts with '.')"
 STAGING = "a retie staging folder (a run in progress, or one killed midway)"
 LINKED_FOLDER = "a link to a folder, not followed"
 NOT_REGULAR = "not a regular file (a FIFO, socket or device)"
+OUTSIDE_LINK = "a link to a file outside the folder searched"
 EXCLUDED = "excluded by --exclude {pattern}"
 READ_WITH_FOLDER = "read with the model folder {target}"
 EXTERNAL_DATA = "ONNX external data of {target}"
@@ -68,18 +68,13 @@ class FileVerdict:
         }
 
 
-def skip_reason(path: str, size: int) -> str:
-    """Why a file that is not a checkpoint by its name is skipped: a Git LFS pointer, a format
-    tieaudit recognises and does not read (GGUF, NumPy, HDF5, ...), or not a checkpoint format.
-    Reads the first bytes only; a file that cannot be read is named not a checkpoint (nothing of
-    it is audited either way, and its audit is not this run's to report)."""
-    try:
-        head, _ = read_head(path)
-    except InputError:
-        return NOT_A_CHECKPOINT
+def skip_reason(head: bytes, name: str, size: int) -> str:
+    """Why a file that is not a checkpoint is skipped, from its first bytes (``head``), name and
+    size: a Git LFS pointer, a format tieaudit recognises and does not read (GGUF, NumPy, HDF5,
+    ...), or not a checkpoint format."""
     if is_lfs_pointer(head, size):
         return LFS_POINTER
-    return recognised_unsupported(head, os.path.basename(path)) or NOT_A_CHECKPOINT
+    return recognised_unsupported(head, name) or NOT_A_CHECKPOINT
 
 
 def covered_reason(target: str, *, folder: bool, onnx: bool) -> str:
