@@ -32,6 +32,7 @@ from test_discover import hub_snapshot
 
 from tieaudit.cli.main import main
 from tieaudit.formats.hf_covered import covered_files
+from tieaudit.gate.discover import discover
 
 VOCAB, WIDTH = 100, 32
 LFS_TEXT = f"version https://git-lfs.github.com/spec/v1\noid sha256:{'ab' * 32}\nsize 123456\n"
@@ -407,3 +408,44 @@ def test_a_hub_snapshots_other_files_link_into_its_blobs_and_are_audited(
         "model.fp16.safetensors": "audited",
         "model.safetensors": "covered",
     }
+
+
+def test_every_file_not_audited_gets_its_reason(tmp_path: Path) -> None:
+    import tarfile
+
+    from safetensors.numpy import save_file
+
+    tree = tmp_path / "tree"
+    (tree / ".cache").mkdir(parents=True)
+    (tree / "legacy").mkdir()
+    weights = {"a": np.arange(512, dtype=np.float32)}
+    save_file(weights, str(tree / "model.safetensors"))
+    save_file(weights, str(tree / ".cache" / "hidden.safetensors"))
+    save_file(weights, str(tree / "legacy" / "old.safetensors"))
+    np.save(tree / "weights.npy", weights["a"])
+    np.savez(tree / "arrays.npz", **weights)
+    with tarfile.open(tree / "data.tar", "w") as archive:
+        archive.add(tree / "weights.npy", arcname="weights.npy")
+    (tmp_path / "elsewhere.json").write_text("{}")
+    (tree / "outside.json").symlink_to("../elsewhere.json")
+    (tree / "up").symlink_to("..", target_is_directory=True)
+    found = discover([str(tree)], ["legacy/**"])
+    assert [Path(t.path).name for t in found.targets] == ["model.safetensors"] and not found.errors
+    listed = [
+        (
+            Path(f.path).relative_to(tree).as_posix() + ("/" if f.path.endswith("/") else ""),
+            f.verdict,
+            f.reason,
+        )
+        for f in found.files
+    ]
+    assert listed == [
+        (".cache/", "skipped", "hidden (its name starts with '.')"),
+        ("arrays.npz", "skipped", "NumPy .npz archive: recognised, not supported yet"),
+        ("data.tar", "skipped", "not a checkpoint format"),  # a .tar that holds no torch.save data
+        ("legacy/old.safetensors", "skipped", "excluded by --exclude legacy/**"),  # the folder is entered
+        ("model.safetensors", "audited", ""),
+        ("outside.json", "skipped", "a link to a file outside the folder searched"),
+        ("up/", "skipped", "a link to a folder, not followed"),
+        ("weights.npy", "skipped", "NumPy .npy array: recognised, not supported yet"),
+    ]
