@@ -232,6 +232,15 @@ def test_covered_files_follow_the_readers_choice(repo: Path, tmp_path: Path) -> 
     shards = set(index["weight_map"].values())
     assert len(shards) > 1
     assert covered_files(str(sharded)) == {"config.json", "model.safetensors.index.json", *shards}
+    from tokenizers import Tokenizer, models
+
+    Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]")).save(str(sharded / "tokenizer.json"))
+    assert covered_files(str(sharded)) == {
+        "config.json",
+        "model.safetensors.index.json",
+        "tokenizer.json",
+        *shards,
+    }
 
 
 # --- inspect of folders -------------------------------------------------------------------------
@@ -423,7 +432,7 @@ def test_every_file_not_audited_gets_its_reason(tmp_path: Path) -> None:
     save_file(weights, str(tree / ".cache" / "hidden.safetensors"))
     save_file(weights, str(tree / "legacy" / "old.safetensors"))
     np.save(tree / "weights.npy", weights["a"])
-    np.savez(tree / "arrays.npz", **weights)
+    np.savez(tree / "arrays.npz", a=weights["a"])
     with tarfile.open(tree / "data.tar", "w") as archive:
         archive.add(tree / "weights.npy", arcname="weights.npy")
     (tmp_path / "elsewhere.json").write_text("{}")

@@ -155,8 +155,9 @@ def _not_one_model(path: str, checkpoints: tuple[str, ...]) -> None:
 @click.option(
     "--show-files",
     is_flag=True,
-    help="After the report, list every file under the PATHs with its verdict: audited, covered "
-    "(read with a model folder or as an ONNX model's external data), skipped (with the reason) or error.",
+    help="After the text report, list every file under the PATHs with its verdict: audited, covered "
+    "(read with a model folder or as an ONNX model's external data), skipped (with the reason) or "
+    "error. --format json always lists them, as files.",
 )
 @click.option(
     "--skip-lfs-pointers",
