@@ -106,13 +106,43 @@ def test_the_pre_commit_hook(tmp_path: Path) -> None:
     yaml = pytest.importorskip("yaml")
     (hook,) = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
     assert hook["id"] == "tieaudit-check" and hook["id"] in README
-    assert hook["entry"] == "tieaudit check" and hook["language"] == "python"
-    assert hook["types_or"] == ["binary"] and hook["pass_filenames"] is True
+    # the flag is in the entry: args a user sets (README: [--fail-on, error]) replace the hook's args
+    assert hook["entry"] == "tieaudit check --skip-lfs-pointers" and hook["language"] == "python"
+    assert "args" not in hook and hook["pass_filenames"] is True
+    assert "types_or" not in hook and "types" not in hook  # an LFS pointer is text: it must get through
     files = re.compile(hook["files"])
-    for name in ("a.pt", "b.pth", "c/pytorch_model.bin", "d.safetensors", "m.onnx"):
+    for name in ("a.pt", "b.pth", "c/pytorch_model.bin", "d.safetensors", "m.onnx", "last.ckpt", "e.pth.tar"):
         assert files.search(name), name
-    for name in ("model.onnx.data", "config.json", "notes.pt.txt"):
+    for name in ("model.onnx.data", "config.json", "notes.pt.txt", "data.tar"):
         assert not files.search(name), name
+    readme_hook = next(b for b in fenced_blocks("yaml") if "tieaudit-check" in b)
+    assert "--skip-lfs-pointers" not in readme_hook  # users need not repeat it in their args
+
+
+def test_the_pre_commit_hook_skips_lfs_pointers_with_a_note(tmp_path: Path) -> None:
+    """The hook's command on a staged LFS pointer: a note, exit 0; a plain check: one error line, exit 2."""
+    import yaml  # type: ignore[import-untyped]
+
+    (hook,) = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
+    pointer = tmp_path / "model.safetensors"
+    pointer.write_text(f"version https://git-lfs.github.com/spec/v1\noid sha256:{'0' * 64}\nsize 1048576\n")
+    argv = [*shlex.split(hook["entry"])[1:], str(pointer)]
+    done = subprocess.run(
+        [sys.executable, "-m", "tieaudit", *argv], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == (
+        f"tieaudit: note: {pointer}: Git LFS pointer, not the weights: run `git lfs pull` "
+        "(skipped: --skip-lfs-pointers)\n"
+    )
+    without = subprocess.run(
+        [sys.executable, "-m", "tieaudit", "check", str(pointer)], capture_output=True, text=True, check=False
+    )
+    assert without.returncode == 2
+    assert (
+        without.stderr
+        == f"tieaudit: error: {pointer}: Git LFS pointer, not the weights: run `git lfs pull`\n"
+    )
 
 
 def _named_limits() -> dict[str, str]:

@@ -250,9 +250,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[tuple[str, s
         for _, command, work, target, _ in prepared
     ]
     spec.write_text(json.dumps({"jobs": [vars(job) for job in jobs], "parallel": 3}))
-    # ROOT first: the checkout under test, not whichever one the environment's install points at.
-    search_path = os.pathsep.join((str(ROOT), str(ROOT / "tests")))
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "PYTHONPATH": search_path}
+    # this checkout first: an installed tieaudit (an editable install of another checkout) must not answer
+    env = {
+        **os.environ,
+        "OPENBLAS_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
+    }
     server = subprocess.run(
         [sys.executable, __file__, str(spec)],
         env=env,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -48,7 +49,8 @@ def inspect(path: str, fmt: InspectFormat, output: str | None) -> None:
 
     PATH is a PyTorch .pt/.pth/.bin file, a .safetensors file, an .onnx model or a
     Hugging Face model folder; the format is found from the content. Tensor bytes are
-    not read to build the alias graph; pickles are parsed, never run.
+    not read to build the alias graph; pickles are parsed, never run. A folder that is
+    not one model is refused with the list of checkpoints `check` audits in it.
 
     \b
     Examples:
@@ -59,8 +61,33 @@ def inspect(path: str, fmt: InspectFormat, output: str | None) -> None:
     from tieaudit.audit import audit_path
     from tieaudit.report import render
 
+    others: tuple[str, ...] = ()
+    if os.path.isdir(path):
+        from tieaudit.gate.discover import folder_checkpoints
+
+        one_model, others = folder_checkpoints(path)
+        if not one_model:
+            _not_one_model(path, others)
     audit = audit_path(path)
     write_output(render(audit, fmt, color=to_terminal(output)), output)
+    if others:
+        count = f"{len(others)} other {'checkpoint' if len(others) == 1 else 'checkpoints'}"
+        echo_note(
+            f"{count} in {path} {'is' if len(others) == 1 else 'are'} audited by `tieaudit check {path}`"
+        )
+
+
+def _not_one_model(path: str, checkpoints: tuple[str, ...]) -> None:
+    """inspect of a folder that is not one model: what `check` would audit in it instead; exit 2."""
+    why = "no config.json or shard index beside weights"
+    if not checkpoints:
+        echo_error(f"{path}: no weights found: not one model ({why}), and no checkpoint under it")
+    else:
+        count = f"{len(checkpoints)} {'checkpoint' if len(checkpoints) == 1 else 'checkpoints'}"
+        echo_error(f"{path}: not one model ({why}); `tieaudit check {path}` audits the {count} under it:")
+        for checkpoint in checkpoints:
+            echo_note(f"  {checkpoint}")
+    raise click.exceptions.Exit(ExitCode.BAD_INPUT)
 
 
 @cli.command()
@@ -125,6 +152,19 @@ def inspect(path: str, fmt: InspectFormat, output: str | None) -> None:
     "limit derived from the model's size; TIEAUDIT_RUNTIME_MEMORY_LIMIT=SIZE (4GiB, 512MB) sets it.",
 )
 @click.option("--exit-zero", is_flag=True, help="Always exit 0 unless the audit itself failed.")
+@click.option(
+    "--show-files",
+    is_flag=True,
+    help="After the text report, list every file under the PATHs with its verdict: audited, covered "
+    "(read with a model folder or as an ONNX model's external data), skipped (with the reason) or "
+    "error. --format json always lists them, as files.",
+)
+@click.option(
+    "--skip-lfs-pointers",
+    is_flag=True,
+    help="A Git LFS pointer named as a PATH (or a model folder holding one) is skipped with a note "
+    "instead of being an error (the pre-commit hook sets it).",
+)
 @output_options(("text", "json", "sarif"))
 @user_errors
 def check(
@@ -140,14 +180,19 @@ def check(
     write_baseline_path: str | None,
     runtime: bool,
     exit_zero: bool,
+    show_files: bool,
+    skip_lfs_pointers: bool,
     fmt: CheckFormat,
     output: str | None,
 ) -> None:
     """Gate a release: exit 1 when findings reach --fail-on.
 
     PATH is a checkpoint file, a Hugging Face model folder (one model), or any other
-    folder, searched for .pt/.pth/.bin/.safetensors/.onnx files and model folders
-    (hidden folders skipped). Checkpoints are audited in parallel, in --jobs processes.
+    folder, searched for .pt/.pth/.bin/.ckpt/.pth.tar/.safetensors/.onnx files and model
+    folders (hidden folders skipped); in a model folder, every file its reader does not
+    read (an onnx/ export, a variant safetensors, a .ckpt) is audited on its own. Every
+    other file is skipped with a reason, counted in the closing line (--show-files lists
+    them). Checkpoints are audited in parallel, in --jobs processes.
 
     Finds copies that should be ties (TIE001: equal, transposed, or cast to lower
     precision), declared ties that are broken (TIE002) or orphaned (TIE003),
@@ -172,6 +217,7 @@ def check(
       tieaudit check models/ --write-baseline tieaudit-baseline.json
       tieaudit check models/ --baseline tieaudit-baseline.json
       tieaudit check model.onnx --runtime
+      tieaudit check ./hf-repo --show-files
     """
     import dataclasses
 
@@ -193,12 +239,19 @@ def check(
         baseline=baseline,
         fingerprint_root=root,
         progress=sys.stderr.isatty(),
+        skip_lfs_pointers=skip_lfs_pointers,
     )
     if result.checked:  # no report at all when every path was bad input: nothing is written
-        write_output(render_check(result, fmt, color=to_terminal(output)), output)
+        report = render_check(result, fmt, color=to_terminal(output), show_files=show_files)
+        write_output(report, output)
     for error in result.errors:
         echo_error(f"{error.path}: {error.message}")
-    if fmt == "text" and len(result.checked) + len(result.errors) > 1:
+    for pointer in result.skipped_pointers:
+        echo_note(f"note: {pointer.path}: {pointer.message} (skipped: --skip-lfs-pointers)")
+    # skipped files are counted once something was audited (pointers named have their note; a lone
+    # error stays its one line)
+    walked_skips = result.checked and result.skipped_files > len(result.skipped_pointers)
+    if fmt == "text" and (len(result.checked) + len(result.errors) > 1 or walked_skips):
         click.echo(check_summary_line(result), err=True)
     code = result.exit_code(writing_baseline=write_baseline_path is not None, exit_zero=exit_zero)
     if write_baseline_path and code != ExitCode.BAD_INPUT:
@@ -208,138 +261,17 @@ def check(
         raise click.exceptions.Exit(code)
 
 
-def _relations(value: str | None) -> frozenset[str] | None:
-    if value is None:
-        return None
-    chosen = frozenset(part.strip() for part in value.split(",") if part.strip())
-    unknown = chosen - {"equal", "transposed", "cast"}
-    if unknown or not chosen:
-        raise click.BadParameter(f"use a comma-separated subset of equal,transposed,cast (not {value!r})")
-    return chosen
-
-
-@cli.command()
-@click.argument("source", metavar="IN", type=click.Path())
-@click.argument("out", metavar="OUT", type=click.Path(), required=False)
-@click.option("--dry-run", is_flag=True, help="Print the plan and the bytes saved; write nothing.")
-@click.option(
-    "--keep",
-    metavar="NAME",
-    default=None,
-    help="Keep this name's bytes (default: the widest dtype, then the input-embedding side: "
-    "embed_tokens, wte, shared, word_embeddings, the ONNX Gather input).",
-)
-@click.option(
-    "--relations",
-    metavar="LIST",
-    default=None,
-    help="Copies to re-tie: a subset of equal,transposed,cast. [default: what the format's "
-    "own loaders restore: equal (in safetensors and folders only the pairs the loader restores, "
-    "see --all-equal), plus transposed in .pt and ONNX]",
-)
-@click.option(
-    "--all-equal",
-    is_flag=True,
-    help="Also re-tie equal copies the format's loader does not restore by itself (safetensors "
-    "files: pairs no {dropped: kept} record names; folders: pairs the model class does not tie). "
-    "The plan prints each consequence. --relations alone never does this.",
-)
-@click.option("--in-place", is_flag=True, help="Allow OUT to be IN; the original is kept as IN.bak.")
-@click.option(
-    "--min-size",
-    type=click.IntRange(min=0),
-    default=DEFAULT_MIN_BYTES,
-    show_default=True,
-    help="Tensors smaller than this many bytes are never copy candidates.",
-)
-@user_errors
-def retie(
-    source: str,
-    out: str | None,
-    dry_run: bool,
-    *,
-    keep: str | None,
-    relations: str | None,
-    all_equal: bool,
-    in_place: bool,
-    min_size: int,
-) -> None:
-    """Turn copies back into one stored tensor, verified bit for bit, written atomically.
-
-    \b
-    By default the output is what the format's usual loader accepts:
-    - safetensors file: an equal copy is re-tied only when a {dropped: kept} record
-      already names the pair (safetensors.torch.load_model restores a name only when
-      the live model shares it, and ignores records).
-    - Hugging Face folder: only pairs the model class ties (from_pretrained restores
-      nothing else), plus the class's other pairs that setting tie_word_embeddings
-      ties, when their stored bytes are equal (a masked-LM head's bias).
-    - .pt and ONNX: every copy of the chosen relations.
-    Tensors equal by construction (Mamba's A_log in every layer, sinusoidal position
-    tables, shared experts) are not ties: the plan lists them as left. --all-equal
-    re-ties every equal copy and prints what the loader will then do with it;
-    --relations equal does not override the loader rule.
-
-    Each re-tied copy keeps one stored tensor; the others are recorded so that loaders
-    restore them:
-
-    \b
-    - safetensors: dropped names as {dropped: kept} in __metadata__ (the convention of
-      safetensors.torch.save_model); transposed and cast copies under the tieaudit.ties
-      key, restored only by tieaudit.load_tied, so they need --relations.
-    - Hugging Face folders: shards and index rewritten; config.json tie_word_embeddings
-      set true when the word-embedding pair is re-tied.
-    - .pt: dropped names reference the kept tensor (a transposed copy becomes its .t()
-      view), so torch.load returns one storage; everything else is preserved.
-    - ONNX: consumers re-pointed to the kept initializer; a transposed copy becomes a
-      Transpose node (MatMul->Gemm would need 2-D inputs). The file stores the matrix
-      once; ONNX Runtime's constant folding may materialise the transpose again at
-      session creation (tieaudit runtime measures it). External data goes to OUT.data.
-
-    The output is written beside OUT, read back and compared with the input name by
-    name, fsynced, then renamed into place. IN is never modified (with --in-place it
-    becomes IN.bak). Exit 0 written and verified (or a dry-run plan); 2 otherwise,
-    with OUT not created.
-
-    \b
-    Examples:
-      tieaudit retie model.safetensors --dry-run
-      tieaudit retie ./llama ./llama-tied
-      tieaudit retie model.onnx model-tied.onnx
-      tieaudit retie ckpt.safetensors out.safetensors --relations equal,transposed,cast
-      tieaudit retie merged.safetensors out.safetensors --all-equal
-    """
-    from tieaudit.repair.retie import retie as run_retie
-    from tieaudit.report.plan import render_plan
-
-    if out is None and not dry_run:
-        raise click.UsageError("OUT is required (only --dry-run may leave it out)")
-    result = run_retie(
-        source,
-        out or source,
-        relations=_relations(relations),
-        keep=keep,
-        dry_run=dry_run,
-        in_place=in_place,
-        min_bytes=min_size,
-        all_equal=all_equal,
-    )
-    for note in result.notes:
-        click.echo(f"tieaudit: note: {note}", err=True)
-    click.echo(render_plan(result), nl=False, err=not dry_run)
-    if dry_run:
-        return
-
-
-def _register_onnx_commands() -> None:
-    # Defined in their own module (ONNX Runtime and torch stay lazy imports inside the commands).
+def _register_commands() -> None:
+    # Defined in their own modules (ONNX Runtime and torch stay lazy imports inside the commands).
     from tieaudit.cli.onnx import export, runtime
+    from tieaudit.cli.retie import retie
 
+    cli.add_command(retie)
     cli.add_command(runtime)
     cli.add_command(export)
 
 
-_register_onnx_commands()
+_register_commands()
 
 
 def _quiet_warnings(argv: list[str] | None) -> None:

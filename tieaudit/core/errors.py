@@ -41,6 +41,19 @@ class UnsupportedFormatError(InputError):
     """The input is readable but is not a format tieaudit audits."""
 
 
+class LfsPointerError(UnsupportedFormatError):
+    """The file is a Git LFS pointer: the weights were never fetched (``git lfs pull``)."""
+
+
+class ExternalDataError(UnsupportedFormatError):
+    """The file is another file's external data (an ONNX model's): audit that file instead."""
+
+    def __init__(self, message: str, path: str | None = None, *, models: tuple[str, ...] = ()) -> None:
+        super().__init__(message, path)
+        self.models = models
+        """The files whose data this is, as paths beside the one given."""
+
+
 class UnsafeInputError(InputError):
     """The input tries something tieaudit refuses: code in a pickle, paths leaving the folder."""
 

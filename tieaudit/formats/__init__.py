@@ -8,11 +8,9 @@ import stat
 from collections.abc import Iterator
 
 from tieaudit.core.bytestore import OpenCheckpoint
-from tieaudit.core.errors import InputError, UnsupportedFormatError
+from tieaudit.core.errors import ExternalDataError, InputError, UnsupportedFormatError
 from tieaudit.formats.interface import Reader
-
-HEAD_BYTES = 64
-
+from tieaudit.formats.magic import read_head, refuse_head
 
 # (module, class): imported one at a time, in this order, so a safetensors audit never pays
 # for the zip, pickle or protobuf machinery of the others (and never imports onnx or torch).
@@ -29,19 +27,6 @@ def _readers(folder: bool) -> Iterator[Reader]:
         yield getattr(importlib.import_module(module), name)()
 
 
-def read_head(path: str) -> bytes:
-    """The first bytes of a file, with errors worded for users."""
-    try:
-        with open(path, "rb") as handle:
-            return handle.read(HEAD_BYTES)
-    except IsADirectoryError:
-        return b""
-    except PermissionError as exc:
-        raise InputError("permission denied", path) from exc
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror or exc}", path) from exc
-
-
 def open_checkpoint(path: str) -> OpenCheckpoint:
     """Sniff path's format and read it: the records, and the open maps of its bytes (close it)."""
     if not os.path.exists(path):
@@ -53,12 +38,23 @@ def open_checkpoint(path: str) -> OpenCheckpoint:
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
         # A FIFO or a device: opening one can block forever or never end.
         raise InputError("not a regular file or folder (a FIFO, socket or device)", path)
-    head = b"" if os.path.isdir(path) else read_head(path)
-    if not os.path.isdir(path) and not head:
-        raise InputError("file is empty", path)
+    head, size = (b"", 0) if os.path.isdir(path) else read_head(path)
+    if not os.path.isdir(path):
+        if not head:
+            raise InputError("file is empty", path)
+        refuse_head(path, head, size)  # an LFS pointer, GGUF, ...: named, before any reader tries
     for reader in _readers(os.path.isdir(path)):
         if reader.sniff(path, head):
             return reader.read(path)
+    from tieaudit.formats.onnx_refs import external_data_of
+
+    models = external_data_of(path)
+    if models:
+        raise ExternalDataError(
+            f"is external data of {' and '.join(models)} (referenced by its initializers); audit {models[0]}",
+            path,
+            models=models,
+        )
     raise UnsupportedFormatError(
         "not a checkpoint tieaudit reads (PyTorch .pt/.pth/.bin, safetensors, ONNX, "
         "or a Hugging Face model folder)",

@@ -25,6 +25,7 @@ from tieaudit.core.limits import TooLarge, nesting_depth_exceeds, parse_failure,
 from tieaudit.core.records import Checkpoint, DeclaredTie, PickleGlobal, Skipped, StorageInfo, TensorInfo
 from tieaudit.formats.hf_ties import CONFIG, config_ties, model_config
 from tieaudit.formats.interface import Reader
+from tieaudit.formats.magic import read_head, refuse_head
 from tieaudit.formats.safetensors import read_header
 from tieaudit.formats.tie_records import metadata_ties
 
@@ -34,6 +35,9 @@ SAFE_INDEX = "model.safetensors.index.json"
 TORCH_SINGLE = "pytorch_model.bin"
 TORCH_INDEX = "pytorch_model.bin.index.json"
 LOOKED_FOR = f"{SAFE_SINGLE}, {SAFE_INDEX}, *.safetensors, {TORCH_SINGLE}, {TORCH_INDEX}"
+READ_BESIDE_WEIGHTS = (CONFIG, TOKENIZER)
+"""Files (fnmatch patterns) read beside the weights when present; a file the reader learns to read
+goes here too, so that discovery counts it as part of the folder (``hf_covered.covered_files``)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -258,6 +262,8 @@ def rebased(part: FilePart, namespaced: bool) -> FilePart:
 
 def read_part(folder: str, file: str, namespaced: bool) -> FilePart:
     """One weight file by the reader of its kind (safetensors by name, else PyTorch), rebased."""
+    shard = confined_path(folder, file)
+    refuse_head(shard, *read_head(shard))  # an LFS pointer is named as one here too
     if file.endswith(".safetensors"):
         return rebased(read_safetensors_part(folder, file), namespaced)
     return rebased(read_torch_part(folder, file), namespaced)

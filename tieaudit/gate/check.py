@@ -14,11 +14,13 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 from tieaudit.audit import Audit, audit_path
-from tieaudit.core.errors import TieauditError, UsageError
+from tieaudit.core.errors import ExternalDataError, LfsPointerError, TieauditError, UsageError
 from tieaudit.core.exit_codes import ExitCode
 from tieaudit.gate.baseline import Baseline, fingerprint
 from tieaudit.gate.discover import PathError, discover
+from tieaudit.gate.files import LFS_POINTER, FileVerdict
 from tieaudit.gate.progress import ProgressBar
+from tieaudit.gate.verdicts import data_covered, final_verdicts, lfs_skip
 from tieaudit.rules.finding import Finding, Severity
 from tieaudit.rules.policy import Policy
 
@@ -79,6 +81,15 @@ class CheckResult:
     """The baseline findings were matched against."""
     stale: int = 0
     """Baseline entries no current finding matched (fixed since, or moved)."""
+    files: tuple[FileVerdict, ...] = ()
+    """Every file under the paths given (and every folder not entered), with its verdict."""
+    skipped_pointers: tuple[PathError, ...] = ()
+    """Checkpoints that are Git LFS pointers (or hold one), skipped under --skip-lfs-pointers."""
+
+    @property
+    def skipped_files(self) -> int:
+        """Files under the paths given that were skipped (each with its reason in ``files``)."""
+        return sum(f.verdict == "skipped" for f in self.files)
 
     @property
     def audits(self) -> tuple[Audit, ...]:
@@ -89,7 +100,7 @@ class CheckResult:
         """The gate's verdict. BAD_INPUT when the audit is incomplete or nothing was audited, whatever
         else holds; else OK when writing a baseline (every finding is being accepted) or, with
         exit_zero, whatever was found; else FINDINGS when a path fails, else OK."""
-        if self.errors or not self.checked:
+        if self.errors or not (self.checked or self.skipped_pointers):
             return ExitCode.BAD_INPUT
         if writing_baseline or exit_zero:
             return ExitCode.OK
@@ -132,12 +143,25 @@ class CheckSummary:
         return dataclasses.asdict(self)
 
 
+def _message(path: str, exc: TieauditError) -> str:
+    """The error's line for path: a file inside it (a model folder's shard) named first."""
+    if not exc.path or os.path.abspath(exc.path) == os.path.abspath(path):
+        return exc.message if exc.path else str(exc)
+    inner = os.path.relpath(os.path.abspath(exc.path), os.path.abspath(path))
+    return f"{inner if not inner.startswith('..') else exc.path}: {exc.message}"
+
+
 def audit_one(path: str, policy: Policy) -> Audit | PathError:
     """Audit one checkpoint under its policy; bad input becomes a PathError (runs in a worker)."""
     try:
         return audit_path(path, policy)
     except TieauditError as exc:
-        return PathError(path, exc.message if exc.path else str(exc))
+        return PathError(
+            path=path,
+            message=_message(path, exc),
+            lfs_pointer=isinstance(exc, LfsPointerError),
+            data_of=exc.models if isinstance(exc, ExternalDataError) else (),
+        )
 
 
 def _quiet_worker() -> None:
@@ -179,7 +203,7 @@ def _collect(future: Future[Outcomes], chunk: Work) -> Outcomes:
         return future.result()
     except BrokenProcessPool:
         died = "the audit process died before finishing (out of memory?)"
-        return [PathError(path, died) for path, _ in chunk]
+        return [PathError(path=path, message=died) for path, _ in chunk]
 
 
 def _preload(paths: list[str]) -> None:
@@ -245,22 +269,39 @@ def run_check(
     baseline: Baseline | None = None,
     fingerprint_root: str = ".",
     progress: bool = False,
+    skip_lfs_pointers: bool = False,
 ) -> CheckResult:
-    """Audit every checkpoint the arguments name; a bad path is recorded, never stops the others."""
+    """Audit every checkpoint the arguments name; a bad path is recorded, never stops the others.
+    With skip_lfs_pointers a Git LFS pointer (or a model folder holding one) is skipped, not an error."""
     found = discover(arguments, exclude)
     if not found.targets and not found.errors:
-        after = " (--exclude left none)" if exclude else ""
-        raise UsageError(f"nothing scanned: no checkpoints under {', '.join(arguments)}{after}")
+        raise UsageError(
+            f"nothing scanned: no checkpoints under {', '.join(arguments)}{_why_none(found.files, exclude)}"
+        )
     policies = [policy.for_path(t.path) for t in found.targets]
     outcomes = audit_all([(t.path, p) for t, p in zip(found.targets, policies, strict=True)], jobs, progress)
+    audited = {
+        os.path.abspath(t.path) for t, o in zip(found.targets, outcomes, strict=True) if isinstance(o, Audit)
+    }
     accepted = baseline.fingerprints if baseline else frozenset()
     checked: list[Checked] = []
     errors = list(found.errors)
+    pointers: list[PathError] = []
+    resolved: list[Audit | PathError | FileVerdict] = []
     seen: set[str] = set()
-    for outcome, path_policy in zip(outcomes, policies, strict=True):
+    for target, outcome, path_policy in zip(found.targets, outcomes, policies, strict=True):
         if isinstance(outcome, PathError):
-            errors.append(outcome)
+            covered = data_covered(outcome, audited)
+            if outcome.lfs_pointer and skip_lfs_pointers:
+                pointers.append(outcome)
+                resolved.append(lfs_skip(target))
+            elif covered is not None:
+                resolved.append(covered)
+            else:
+                errors.append(outcome)
+                resolved.append(outcome)
             continue
+        resolved.append(outcome)
         prints = tuple(
             fingerprint(outcome.graph.checkpoint.path, f.rule, f.names, root=fingerprint_root)
             for f in outcome.findings
@@ -281,4 +322,14 @@ def run_check(
         single=single,
         baseline=baseline,
         stale=len(accepted - seen),
+        files=final_verdicts(found.files, found.targets, resolved),
+        skipped_pointers=tuple(pointers),
     )
+
+
+def _why_none(files: Sequence[FileVerdict], exclude: Sequence[str]) -> str:
+    """Why a search found nothing to audit: Git LFS pointers where the weights should be, or --exclude."""
+    pointers = sum(f.reason == LFS_POINTER for f in files)
+    if pointers:
+        return f" ({pointers} {'file is a' if pointers == 1 else 'files are'} {LFS_POINTER})"
+    return " (--exclude left none)" if exclude else ""

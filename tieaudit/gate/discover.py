@@ -1,10 +1,12 @@
-"""Which checkpoints a `check` run audits: files and model folders under the paths given.
+"""Which checkpoints a `check` run audits, and what becomes of every other file under the paths given.
 
-A path given on the command line is always audited as it is. A folder is one checkpoint when it is
-a Hugging Face model folder (its shards are never listed alone); any other folder is walked. A
-walk never follows a link to a folder, follows a link to a file only when the file lies inside the
-folder given, and turns every entry it cannot read into one error for that entry (a link loop, a
-link target too long, no permission): the other paths are still audited.
+A path given on the command line is always audited as it is. A Hugging Face model folder is one
+checkpoint (its shards are never listed alone), and what its reader does not read is searched like
+any folder: an ``onnx/`` export, a ``model.fp16.safetensors`` beside ``model.safetensors``, a
+``.ckpt`` are audited on their own. Every file found gets a verdict (``gate.files``). A walk never
+follows a link to a folder, follows a link to a file only when the file lies inside the folder
+given, and turns every entry it cannot read into one error for that entry (a link loop, a link
+target too long, no permission): the other paths are still audited.
 """
 
 from __future__ import annotations
@@ -14,16 +16,41 @@ import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from tieaudit.core.errors import UsageError
+from tieaudit.core.errors import InputError, UsageError
 from tieaudit.core.globs import compile_glob, glob_matches, posix_relative
-from tieaudit.formats.hf_dir import SAFE_INDEX, TORCH_INDEX, TORCH_SINGLE
+from tieaudit.formats.hf_covered import covered_files
+from tieaudit.formats.hf_dir import SAFE_INDEX, TORCH_INDEX, TORCH_SINGLE, hub_blobs
 from tieaudit.formats.hf_ties import CONFIG
-from tieaudit.formats.magic import might_be_torch
+from tieaudit.formats.magic import is_lfs_pointer, might_be_torch, read_head
+from tieaudit.gate.files import (
+    EXCLUDED,
+    HIDDEN,
+    LINKED_FOLDER,
+    NOT_REGULAR,
+    OUTSIDE_LINK,
+    STAGING,
+    FileVerdict,
+    covered_reason,
+    skip_reason,
+)
 from tieaudit.repair.publish import STAGE_INFIX
 
-__all__ = ["Discovery", "PathError", "Target", "discover", "glob_matches", "posix_relative"]
+__all__ = [
+    "Discovery",
+    "PathError",
+    "Target",
+    "discover",
+    "folder_checkpoints",
+    "glob_matches",
+    "posix_relative",
+]
 
-CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".onnx")
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".safetensors", ".onnx")
+"""Audited by name (unless a Git LFS pointer): the audit says what is wrong with one that is not
+what its name says."""
+TORCH_SUFFIXES = (".bin", ".ckpt", ".tar")
+"""Audited when they hold torch.save data (a zip or a pickle): a raw ``.bin`` is ONNX external
+data, a ``.ckpt`` may be TensorFlow's, a ``.tar`` an archive (``.pth.tar`` is torch's convention)."""
 LINK_OUTSIDE = "is a link to a file outside the folder searched; name it on the command line to audit it"
 
 
@@ -37,7 +64,7 @@ class Target:
     """Named on the command line (not found by walking a folder)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PathError:
     """A path that could not be audited or listed (the run is then incomplete)."""
 
@@ -45,6 +72,10 @@ class PathError:
     """The path as given or found."""
     message: str
     """One line: what is wrong."""
+    lfs_pointer: bool = False
+    """The path (or a file of the model folder) is a Git LFS pointer: skipped under --skip-lfs-pointers."""
+    data_of: tuple[str, ...] = ()
+    """The path is external data of these ONNX models: covered when one of them is audited."""
 
 
 @dataclass(frozen=True)
@@ -55,22 +86,16 @@ class Discovery:
     """Checkpoints to audit, in argument order, then by name within a folder; no duplicates."""
     errors: tuple[PathError, ...]
     """Folders that could not be listed, entries that could not be read or lead outside."""
+    files: tuple[FileVerdict, ...] = ()
+    """Every file found (and every folder not entered), in walk order, with its verdict so far."""
 
 
-def _skipped_name(name: str) -> bool:
-    # retie's staging folders are hidden too; named here so that a rename never lets one through
-    return name.startswith(".") or STAGE_INFIX in name
-
-
-def _holds_torch_data(path: str) -> bool:
-    """A .bin is a PyTorch file (zip, or a protocol 2-5 pickle), not raw bytes such as ONNX
-    external data; sniffed here so raw .bin files found by walking are not errors."""
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(4)
-    except OSError:
-        return True  # let the audit report why it cannot be read
-    return might_be_torch(head)
+def _skipped_name(name: str) -> str:
+    """Why a name is never searched (hidden, retie's staging folders, named so that a rename never
+    lets one through), or empty."""
+    if STAGE_INFIX in name:
+        return STAGING
+    return HIDDEN if name.startswith(".") else ""
 
 
 MODEL_MARKERS = (CONFIG, SAFE_INDEX, TORCH_INDEX)
@@ -108,7 +133,7 @@ class _Folder:
     entries: Iterator[os.DirEntry[str]]
     """Its entries not yet looked at, by name."""
     found_before: int
-    """Targets found before entering it (none found inside: a config.json folder is one target)."""
+    """Targets found before entering it; -1 for a model folder (a target itself, whatever it holds)."""
 
 
 class _Walk:
@@ -120,6 +145,9 @@ class _Walk:
         self.real_root = os.path.realpath(root)
         self.exclude = exclude
         self.errors = errors
+        self.files: list[FileVerdict] = []
+        self.covered: dict[str, str] = {}
+        """Absolute path of a file a model folder's reader reads -> that folder (the target)."""
         self.found = 0
         self.seen: set[tuple[int, int]] = set()
         self.stack: list[_Folder] = []
@@ -132,9 +160,19 @@ class _Walk:
         return Target(os.path.normpath(path), explicit=False)
 
     def _error(self, path: str, message: str) -> None:
-        self.errors.append(PathError(path, message))
+        self.errors.append(PathError(path=path, message=message))
+        self.files.append(FileVerdict(path=os.path.normpath(path), verdict="error", reason=message))
 
-    def _enter(self, folder: str) -> None:
+    def _skip(self, path: str, reason: str, *, folder: bool = False) -> None:
+        shown = os.path.normpath(path) + (os.sep if folder else "")
+        self.files.append(FileVerdict(path=shown, verdict="skipped", reason=reason))
+
+    def _audited(self, target: Target) -> Target:
+        if not os.path.isdir(target.path):
+            self.files.append(FileVerdict(path=target.path, verdict="audited", target=target.path))
+        return target
+
+    def _enter(self, folder: str, *, model: Target | None = None) -> None:
         try:
             status = os.stat(folder)
             with os.scandir(folder) as listing:
@@ -145,7 +183,10 @@ class _Walk:
         if (status.st_dev, status.st_ino) in self.seen:
             return  # the same folder again, through a bind mount
         self.seen.add((status.st_dev, status.st_ino))
-        self.stack.append(_Folder(folder, iter(entries), self.found))
+        if model is not None:
+            for name in covered_files(folder):
+                self.covered.setdefault(os.path.abspath(os.path.join(folder, name)), model.path)
+        self.stack.append(_Folder(folder, iter(entries), -1 if model else self.found))
 
     def _is_folder(self, entry: os.DirEntry[str]) -> bool | None:
         """A folder to look into (True), a file to consider (False), or None (error recorded)."""
@@ -156,9 +197,8 @@ class _Walk:
             return None
 
     def _is_checkpoint(self, entry: os.DirEntry[str]) -> bool:
-        """A regular file (a link to one inside the folder searched) with a checkpoint's name."""
-        if not entry.name.endswith(CHECKPOINT_SUFFIXES):
-            return False
+        """A regular file (a link to one inside the folder searched) holding a checkpoint by its name
+        and first bytes; any other file gets its verdict here."""
         try:
             link = entry.is_symlink()  # from the listing: known even where lstat is refused
         except OSError:
@@ -169,42 +209,96 @@ class _Walk:
             what = "a link that cannot be followed" if link else "cannot read"
             self._error(entry.path, f"{what}: {_reason(exc)}")
             return False
-        if not stat.S_ISREG(status.st_mode):
-            return False  # FIFOs, devices, folders reached through links: not checkpoints
-        if link and not _inside(os.path.realpath(entry.path), self.real_root):
-            self._error(entry.path, LINK_OUTSIDE)
+        if stat.S_ISDIR(status.st_mode):
+            self._skip(entry.path, LINKED_FOLDER, folder=True)
             return False
-        return not entry.name.endswith(".bin") or _holds_torch_data(entry.path)
+        if not stat.S_ISREG(status.st_mode):
+            self._skip(entry.path, NOT_REGULAR)
+            return False
+        named = entry.name.endswith(CHECKPOINT_SUFFIXES + TORCH_SUFFIXES)
+        if link and not self._link_inside(entry.path):
+            if named:
+                self._error(entry.path, LINK_OUTSIDE)
+            else:
+                self._skip(entry.path, OUTSIDE_LINK)
+            return False
+        try:
+            head, _ = read_head(entry.path)
+        except InputError:  # unreadable now: a checkpoint's audit says why, in one line
+            if named:
+                return True
+            head = b""
+        if named and not is_lfs_pointer(head, status.st_size):
+            if entry.name.endswith(CHECKPOINT_SUFFIXES) or might_be_torch(head):
+                return True
+        self._skip(entry.path, skip_reason(head, entry.name, status.st_size))
+        return False
 
-    def _excluded(self, entry: os.DirEntry[str]) -> bool:
+    def _link_inside(self, path: str) -> bool:
+        """A link's file lies inside the folder searched, or in the hub cache's blobs folder of the
+        snapshot holding it (as the model folder reader allows)."""
+        real = os.path.realpath(path)
+        if _inside(real, self.real_root):
+            return True
+        blobs = hub_blobs(os.path.dirname(path))
+        return blobs is not None and _inside(real, os.path.realpath(blobs))
+
+    def _excluded(self, entry: os.DirEntry[str]) -> str:
+        """The first --exclude pattern matching the entry, or empty."""
         relative = posix_relative(entry.path, self.root)
-        return any(glob_matches(pattern, relative) for pattern in self.exclude)
+        return next((pattern for pattern in self.exclude if glob_matches(pattern, relative)), "")
+
+    def _covered(self, entry: os.DirEntry[str]) -> bool:
+        model = self.covered.get(os.path.abspath(entry.path))
+        if model is None:
+            return False
+        reason = covered_reason(model, folder=True, onnx=False)
+        path = os.path.normpath(entry.path)
+        self.files.append(FileVerdict(path=path, verdict="covered", reason=reason, target=model))
+        return True
+
+    def _folder_done(self, folder: _Folder) -> Iterator[Target]:
+        # a config.json folder holding nothing to audit (no weights, no ONNX export beside it) is
+        # one target: its audit says what is missing
+        if self.found == folder.found_before and os.path.lexists(os.path.join(folder.path, CONFIG)):
+            yield self._target(folder.path)
 
     def targets(self) -> Iterator[Target]:
-        """Model folders as one target each, other folders walked, checkpoint files found."""
+        """Model folders as one target each (their other files searched), other folders walked,
+        checkpoint files found; every other file gets its verdict."""
         if is_model_folder(self.root):
-            yield self._target(self.root)
-            return
-        self._enter(self.root)
+            model = self._target(self.root)
+            yield model
+            self._enter(self.root, model=model)
+        else:
+            self._enter(self.root)
         while self.stack:
             folder = self.stack[-1]
             entry = next(folder.entries, None)
             if entry is None:
                 self.stack.pop()
-                # a config.json folder holding nothing to audit (no weights, no ONNX export beside
-                # it) is one target: its audit says what is missing
-                if self.found == folder.found_before and os.path.lexists(os.path.join(folder.path, CONFIG)):
-                    yield self._target(folder.path)
+                yield from self._folder_done(folder)
                 continue
-            if _skipped_name(entry.name) or self._excluded(entry):
+            if self._covered(entry):
+                continue
+            skipped = _skipped_name(entry.name)
+            pattern = "" if skipped else self._excluded(entry)
+            if skipped or pattern:
+                try:
+                    folder_entry = entry.is_dir(follow_symlinks=False)
+                except OSError:
+                    folder_entry = False
+                self._skip(entry.path, skipped or EXCLUDED.format(pattern=pattern), folder=folder_entry)
                 continue
             is_folder = self._is_folder(entry)
             if is_folder and is_model_folder(entry.path):
-                yield self._target(entry.path)
+                model = self._target(entry.path)
+                yield model
+                self._enter(entry.path, model=model)
             elif is_folder:
                 self._enter(entry.path)
             elif is_folder is False and self._is_checkpoint(entry):
-                yield self._target(entry.path)
+                yield self._audited(self._target(entry.path))
 
 
 def check_excludes(exclude: Iterable[str]) -> tuple[str, ...]:
@@ -219,15 +313,29 @@ def check_excludes(exclude: Iterable[str]) -> tuple[str, ...]:
 
 
 def discover(arguments: Iterable[str], exclude: Iterable[str] = ()) -> Discovery:
-    """Targets for the arguments: files and model folders as given, other folders walked."""
+    """Targets for the arguments: files and model folders as given, other folders walked; every
+    file found, with its verdict."""
     patterns = check_excludes(exclude)
     targets: dict[str, Target] = {}
     errors: list[PathError] = []
+    files: dict[str, FileVerdict] = {}
     for argument in arguments:
         if os.path.isdir(argument):
-            found: Iterable[Target] = _Walk(argument, patterns, errors).targets()
+            walk = _Walk(argument, patterns, errors)
+            found: Iterable[Target] = list(walk.targets())
+            verdicts = walk.files
         else:  # a file, or a missing path: the audit says what is wrong with it
             found = (Target(argument, explicit=True),)
+            verdicts = [FileVerdict(path=argument, verdict="audited", target=argument)]
         for target in found:
             targets.setdefault(os.path.abspath(target.path), target)
-    return Discovery(tuple(targets.values()), tuple(errors))
+        for verdict in verdicts:
+            files.setdefault(os.path.abspath(verdict.path), verdict)
+    return Discovery(tuple(targets.values()), tuple(errors), tuple(files.values()))
+
+
+def folder_checkpoints(folder: str) -> tuple[bool, tuple[str, ...]]:
+    """Whether folder is one model (a model folder, or a config.json folder holding no checkpoint),
+    and the checkpoints `check folder` audits besides it (all of them, when it is not one model)."""
+    paths = tuple(t.path for t in discover([folder]).targets)
+    return folder in paths, tuple(p for p in paths if p != folder)

@@ -9,6 +9,7 @@ from tieaudit.audit import Audit
 from tieaudit.core.units import human_bytes
 from tieaudit.core.version import __version__
 from tieaudit.gate.check import Checked, CheckResult
+from tieaudit.gate.files import skipped_by_reason
 
 InspectFormat = Literal["text", "json", "dot"]
 """What ``inspect`` writes."""
@@ -49,30 +50,37 @@ def _check_report(checked: Checked) -> dict[str, Any]:
 def check_dict(result: CheckResult) -> dict[str, Any]:
     """One path's report as is; several paths or a folder as tieaudit.check/1."""
     if result.single and len(result.checked) == 1 and not result.errors:
-        return _check_report(result.checked[0])
+        report = _check_report(result.checked[0])
+        report["files"] = [f.as_dict() for f in result.files]
+        return report
     document: dict[str, Any] = {
         "schema": "tieaudit.check/1",
         "tieaudit_version": __version__,
         "reports": [_check_report(c) for c in result.checked],
         "errors": [{"path": e.path, "message": e.message} for e in result.errors],
         "summary": result.summary().as_dict(),
+        "files": [f.as_dict() for f in result.files],
     }
     if result.baseline is not None:
         document["baseline"] = result.baseline.path
     return document
 
 
-def render_check(result: CheckResult, fmt: CheckFormat, *, color: bool = False) -> str:
-    """Render a check run as text, json (report/1 or check/1) or sarif."""
+def render_check(
+    result: CheckResult, fmt: CheckFormat, *, color: bool = False, show_files: bool = False
+) -> str:
+    """Render a check run as text, json (report/1 or check/1) or sarif; show_files adds the list of
+    files and their verdicts to the text (json always has it, as ``files``)."""
     if fmt == "json":
         return json.dumps(check_dict(result), indent=2) + "\n"
     if fmt == "sarif":
         from tieaudit.report.sarif import render_sarif
 
         return render_sarif(result)
-    from tieaudit.report.text import render_check_text
+    from tieaudit.report.text import render_check_text, render_files
 
-    return render_check_text(result, color=color)
+    text = render_check_text(result, color=color)
+    return text + render_files(result.files) if show_files else text
 
 
 def check_summary_line(result: CheckResult) -> str:
@@ -88,4 +96,10 @@ def check_summary_line(result: CheckResult) -> str:
         if summary.stale_baseline_entries:
             parts.append(f"{summary.stale_baseline_entries} baseline entries no longer found")
     parts.append(f"{human_bytes(summary.wasted_bytes)} wasted")
-    return "tieaudit: " + ", ".join(parts)
+    line = "tieaudit: " + ", ".join(parts)
+    skipped = skipped_by_reason(result.files)
+    if skipped:
+        total = sum(count for _, count in skipped)
+        groups = "; ".join(f"{count} {reason}" for reason, count in skipped)
+        line += f"; {total} {'file' if total == 1 else 'files'} skipped ({groups})"
+    return line

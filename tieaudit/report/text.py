@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 from collections import Counter
 
 from rich.console import Console
@@ -16,10 +17,14 @@ from tieaudit.core.units import human_bytes
 from tieaudit.formats.hf_ties import CONFIG
 from tieaudit.formats.pickle_globals import VERDICTS
 from tieaudit.gate.check import CheckResult
+from tieaudit.gate.files import FileVerdict
 from tieaudit.graph.alias import TieState
 
 MAX_TENSOR_ROWS = 30
 """Tensors listed in the text report (the largest first); --format json lists every one."""
+COVERED_NAMED = 4
+"""Files a check status line names as read with the checkpoint (a folder's shards): the rest are
+counted (--show-files and --format json list every one)."""
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "note": "cyan"}
 
 
@@ -187,6 +192,31 @@ def pickle_globals_line(used: tuple[PickleGlobal, ...]) -> str:
     return f"Pickle globals: {', '.join(parts)}{named}; none was imported or called."
 
 
+def _covers(ckpt: Checkpoint) -> str:
+    """'; covers a, b, c and 2 more files' for the files read besides the checkpoint file itself."""
+    own = os.path.basename(ckpt.path.rstrip(os.sep))
+    others = [name for name in ckpt.files if name != own]
+    if not others:
+        return ""
+    named = ", ".join(printable(name) for name in others[:COVERED_NAMED])
+    more = len(others) - COVERED_NAMED
+    return f"; covers {named}" + (f" and {more} more {'file' if more == 1 else 'files'}" if more > 0 else "")
+
+
+def render_files(files: tuple[FileVerdict, ...]) -> str:
+    """--show-files: every file with its verdict, then the target covering it or the reason."""
+    counts = {v: sum(f.verdict == v for f in files) for v in ("audited", "covered", "skipped", "error")}
+    lines = [
+        "files: " + ", ".join(f"{n} {v if v != 'error' or n == 1 else 'errors'}" for v, n in counts.items())
+    ]
+    for entry in files:
+        line = f"{entry.verdict:<8} {printable(entry.path)}"
+        if entry.verdict != "audited" and entry.reason:
+            line += f"  ({printable(entry.reason)})"
+        lines.append(line)
+    return "".join(line + "\n" for line in lines)
+
+
 def render_check_text(result: CheckResult, color: bool = False, width: int = 120) -> str:
     """One status line per checkpoint (ok, FAIL, ERROR) with its findings beneath."""
     buffer = io.StringIO()
@@ -200,6 +230,7 @@ def render_check_text(result: CheckResult, color: bool = False, width: int = 120
                 f"{printable(ckpt.path)}  ({ckpt.format}, {summary.tensors} tensors, "
                 f"{human_bytes(summary.bytes)}"
                 + (f", {human_bytes(summary.wasted_bytes)} wasted" if summary.wasted_bytes else "")
+                + _covers(ckpt)
                 + ")"
             ),
             sep="",

@@ -1,0 +1,131 @@
+"""The ``retie`` command: copies back into one stored tensor (registered on the main group)."""
+
+from __future__ import annotations
+
+import click
+
+from tieaudit.cli.common import user_errors
+from tieaudit.graph import DEFAULT_MIN_BYTES
+
+
+def _relations(value: str | None) -> frozenset[str] | None:
+    if value is None:
+        return None
+    chosen = frozenset(part.strip() for part in value.split(",") if part.strip())
+    unknown = chosen - {"equal", "transposed", "cast"}
+    if unknown or not chosen:
+        raise click.BadParameter(f"use a comma-separated subset of equal,transposed,cast (not {value!r})")
+    return chosen
+
+
+@click.command()
+@click.argument("source", metavar="IN", type=click.Path())
+@click.argument("out", metavar="OUT", type=click.Path(), required=False)
+@click.option("--dry-run", is_flag=True, help="Print the plan and the bytes saved; write nothing.")
+@click.option(
+    "--keep",
+    metavar="NAME",
+    default=None,
+    help="Keep this name's bytes (default: the widest dtype, then the input-embedding side: "
+    "embed_tokens, wte, shared, word_embeddings, the ONNX Gather input).",
+)
+@click.option(
+    "--relations",
+    metavar="LIST",
+    default=None,
+    help="Copies to re-tie: a subset of equal,transposed,cast. [default: what the format's "
+    "own loaders restore: equal (in safetensors and folders only the pairs the loader restores, "
+    "see --all-equal), plus transposed in .pt and ONNX]",
+)
+@click.option(
+    "--all-equal",
+    is_flag=True,
+    help="Also re-tie equal copies the format's loader does not restore by itself (safetensors "
+    "files: pairs no {dropped: kept} record names; folders: pairs the model class does not tie). "
+    "The plan prints each consequence. --relations alone never does this.",
+)
+@click.option("--in-place", is_flag=True, help="Allow OUT to be IN; the original is kept as IN.bak.")
+@click.option(
+    "--min-size",
+    type=click.IntRange(min=0),
+    default=DEFAULT_MIN_BYTES,
+    show_default=True,
+    help="Tensors smaller than this many bytes are never copy candidates.",
+)
+@user_errors
+def retie(
+    source: str,
+    out: str | None,
+    dry_run: bool,
+    *,
+    keep: str | None,
+    relations: str | None,
+    all_equal: bool,
+    in_place: bool,
+    min_size: int,
+) -> None:
+    """Turn copies back into one stored tensor, verified bit for bit, written atomically.
+
+    \b
+    By default the output is what the format's usual loader accepts:
+    - safetensors file: an equal copy is re-tied only when a {dropped: kept} record
+      already names the pair (safetensors.torch.load_model restores a name only when
+      the live model shares it, and ignores records).
+    - Hugging Face folder: only pairs the model class ties (from_pretrained restores
+      nothing else), plus the class's other pairs that setting tie_word_embeddings
+      ties, when their stored bytes are equal (a masked-LM head's bias).
+    - .pt and ONNX: every copy of the chosen relations.
+    Tensors equal by construction (Mamba's A_log in every layer, sinusoidal position
+    tables, shared experts) are not ties: the plan lists them as left. --all-equal
+    re-ties every equal copy and prints what the loader will then do with it;
+    --relations equal does not override the loader rule.
+
+    Each re-tied copy keeps one stored tensor; the others are recorded so that loaders
+    restore them:
+
+    \b
+    - safetensors: dropped names as {dropped: kept} in __metadata__ (the convention of
+      safetensors.torch.save_model); transposed and cast copies under the tieaudit.ties
+      key, restored only by tieaudit.load_tied, so they need --relations.
+    - Hugging Face folders: shards and index rewritten; config.json tie_word_embeddings
+      set true when the word-embedding pair is re-tied.
+    - .pt: dropped names reference the kept tensor (a transposed copy becomes its .t()
+      view), so torch.load returns one storage; everything else is preserved.
+    - ONNX: consumers re-pointed to the kept initializer; a transposed copy becomes a
+      Transpose node (MatMul->Gemm would need 2-D inputs). The file stores the matrix
+      once; ONNX Runtime's constant folding may materialise the transpose again at
+      session creation (tieaudit runtime measures it). External data goes to OUT.data.
+
+    The output is written beside OUT, read back and compared with the input name by
+    name, fsynced, then renamed into place. IN is never modified (with --in-place it
+    becomes IN.bak). Exit 0 written and verified (or a dry-run plan); 2 otherwise,
+    with OUT not created.
+
+    \b
+    Examples:
+      tieaudit retie model.safetensors --dry-run
+      tieaudit retie ./llama ./llama-tied
+      tieaudit retie model.onnx model-tied.onnx
+      tieaudit retie ckpt.safetensors out.safetensors --relations equal,transposed,cast
+      tieaudit retie merged.safetensors out.safetensors --all-equal
+    """
+    from tieaudit.repair.retie import retie as run_retie
+    from tieaudit.report.plan import render_plan
+
+    if out is None and not dry_run:
+        raise click.UsageError("OUT is required (only --dry-run may leave it out)")
+    result = run_retie(
+        source,
+        out or source,
+        relations=_relations(relations),
+        keep=keep,
+        dry_run=dry_run,
+        in_place=in_place,
+        min_bytes=min_size,
+        all_equal=all_equal,
+    )
+    for note in result.notes:
+        click.echo(f"tieaudit: note: {note}", err=True)
+    click.echo(render_plan(result), nl=False, err=not dry_run)
+    if dry_run:
+        return

@@ -1,0 +1,34 @@
+"""Which files of a Hugging Face model folder its reader covers, without reading them.
+
+Discovery audits every other file of the folder on its own (an ``onnx/`` export, a
+``model.fp16.safetensors`` beside ``model.safetensors``, a ``.ckpt``), so this follows the reader's
+own choices: ``find_weights`` (transformers' order of preference) and ``READ_BESIDE_WEIGHTS``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+
+from tieaudit.core.errors import InputError
+from tieaudit.formats.hf_dir import READ_BESIDE_WEIGHTS, SAFE_INDEX, TORCH_INDEX, find_weights
+
+
+def covered_files(folder: str) -> frozenset[str]:
+    """The folder's files its reader reads, relative to it: those READ_BESIDE_WEIGHTS names that are
+    present, and the weights ``find_weights`` chooses with their index. Never raises: when the
+    weights cannot be chosen (a bad index), the index files present, whose audit reports why."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return frozenset()
+    present = [name for name in names if os.path.isfile(os.path.join(folder, name))]
+    covered = {n for n in present if any(fnmatch.fnmatchcase(n, p) for p in READ_BESIDE_WEIGHTS)}
+    try:
+        weights = find_weights(folder)
+    except InputError:
+        return frozenset(covered | {n for n in present if n in (SAFE_INDEX, TORCH_INDEX)})
+    covered.update(weights.files)
+    if weights.index is not None:
+        covered.add(weights.index)
+    return frozenset(covered)
