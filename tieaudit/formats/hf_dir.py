@@ -27,6 +27,9 @@ from tieaudit.formats.hf_ties import CONFIG, config_ties, model_config
 from tieaudit.formats.interface import Reader
 from tieaudit.formats.safetensors import read_header
 from tieaudit.formats.tie_records import metadata_ties
+from tieaudit.formats.trainer_dir import TRAINER_FILES as TRAINER_FILES  # the one list of them
+from tieaudit.formats.trainer_dir import read_trainer_folder
+from tieaudit.formats.trainer_dir import trainer_files as trainer_files
 
 TOKENIZER = "tokenizer.json"
 SAFE_SINGLE = "model.safetensors"
@@ -366,6 +369,11 @@ class HfDirReader(Reader):
         weights = find_weights(folder)
         parts = [read_part(folder, file, len(weights.files) > 1) for file in weights.files]
         check_weight_map(weights, parts, folder)
+        model = tuple(t for part in parts for t in part.tensors)
+        ordered = weights.files == (TORCH_SINGLE,)  # a safetensors header is sorted by name
+        trainer = read_trainer_folder(folder, confine=confined_path, model=model, ordered=ordered)
+        if trainer is not None:
+            parts.append(FilePart(file=", ".join(trainer.files), **trainer.part_fields()))
         tokenizer_size, tokenizer_files, tokenizer_notes = read_tokenizer(folder)
         ties, notes = gather_declarations(folder, config, weights, parts=parts)
         index_files = [weights.index] if weights.index else []
@@ -384,6 +392,8 @@ class HfDirReader(Reader):
                 tokenizer_file=TOKENIZER,
                 stored={t.name for part in parts for t in part.tensors},
             ),
-            files=tuple(config_files + index_files + list(weights.files) + tokenizer_files),
+            files=tuple(config_files + index_files + list(weights.files) + tokenizer_files)
+            + (trainer.files if trainer else ()),
+            training=trainer.layout if trainer else None,
         )
         return OpenCheckpoint(checkpoint, byte_store(folder, parts))

@@ -15,6 +15,7 @@ from tieaudit.core.units import human_bytes
 from tieaudit.formats.hf_ties import CONFIG
 from tieaudit.gate.check import CheckResult
 from tieaudit.graph.alias import TieState
+from tieaudit.report.training import training_lines
 
 MAX_TENSOR_ROWS = 30
 """Tensors listed in the text report (the largest first); --format json lists every one."""
@@ -137,7 +138,7 @@ def render_text(audit: Audit, color: bool = False, width: int = 120) -> str:
     console.print(table)
     if hidden:
         console.print(f"{hidden} smaller tensors not shown; --format json lists every tensor.")
-    for note in config_notes(ckpt):
+    for note in config_notes(ckpt) + training_lines(ckpt):
         console.print(Text(f"note: {note}"), highlight=False, soft_wrap=True)
     if ckpt.skipped:
         console.print(f"{ckpt.skipped_total} non-tensor entries skipped (--format json lists them).")
@@ -162,7 +163,7 @@ def render_check_text(result: CheckResult, color: bool = False, width: int = 120
             sep="",
             soft_wrap=True,
         )
-        for note in config_notes(ckpt):
+        for note in config_notes(ckpt) + training_lines(ckpt, brief=True):
             console.print(Text(f"  note: {note}", style="dim"), highlight=False, soft_wrap=True)
         for finding, accepted in zip(checked.audit.findings, checked.baselined, strict=True):
             console.print(
