@@ -55,6 +55,11 @@ def _join(prefix: str, key: object) -> str:
     return f"{prefix}.{key_name(key)}" if prefix else key_name(key)
 
 
+def state_tensor_name(path: str, key: ParamKey, entry: str) -> str:
+    """The stored name of one state entry of an optimizer at path (``optimizer.state.0.exp_avg``)."""
+    return _join(_join(_join(path, "state"), key), entry)
+
+
 def is_optimizer_state(value: object) -> bool:
     """Whether value has the shape of ``torch.optim.Optimizer.state_dict()``."""
     if not isinstance(value, dict):
@@ -104,7 +109,7 @@ def _slot(path: str, key: ParamKey, state: object, *, tensor_names: Set[str]) ->
     tensors: dict[str, str] = {}
     shape: tuple[int, ...] | None = None
     for entry, value in state.items() if isinstance(state, dict) else ():
-        name = _join(_join(_join(path, "state"), key), entry)
+        name = state_tensor_name(path, key, key_name(entry))
         if isinstance(value, TensorRecord) and name in tensor_names:
             tensors[key_name(entry)] = name
             if shape is None and entry in ELEMENTWISE_STATE:

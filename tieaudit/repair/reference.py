@@ -66,10 +66,11 @@ class ReferenceCheck:
         self._loaded = loaded
         self._found = found
 
-    def problem(self, tensor: TensorInfo) -> str | None:
-        """What the reference loader reads differently for one original name (None: bit for bit equal)."""
+    def problem(self, tensor: TensorInfo, *, as_name: str | None = None) -> str | None:
+        """What the reference loader reads differently for one original name (None: bit for bit
+        equal); as_name: the name the output holds it under (optimizer state renumbered by retie)."""
         name = printable(tensor.name)
-        source = self._found.get(tensor.name)
+        source = self._found.get(as_name or tensor.name)
         if source is None:
             return f"{name} is missing when the reference loader reads the output"
         dtype, shape = self._loaded.dtype_shape(source.name)
