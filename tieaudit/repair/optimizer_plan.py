@@ -64,6 +64,20 @@ def _groups(applied: Sequence[tuple[str, str]]) -> dict[str, list[str]]:
     return groups
 
 
+def _member_keys(omap: OptimizerMap, members: list[str]) -> tuple[dict[str, list[ParamKey]], bool, bool]:
+    """Each member's optimizer keys, whether the mapping is certain, and whether the optimizer may
+    hold state for a member at all (uncertain: some state has a member's shape or none)."""
+    index = {name: i for i, p in enumerate(omap.params) for name in p.names}
+    by_param: dict[int, list[ParamKey]] = {}
+    for key, param in omap.owner.items():
+        by_param.setdefault(param, []).append(key)
+    keys = {n: by_param.get(index[n], []) for n in members}
+    certain = omap.method in ("names", "order") and not omap.problem
+    shapes = {omap.params[index[n]].shape for n in members}
+    uncertain_hold = any(s.shape is None or s.shape in shapes for s in omap.optimizer.slots)
+    return keys, certain, any(keys.values()) or (not certain and uncertain_hold)
+
+
 def _edit(
     opened: OpenCheckpoint, omap: OptimizerMap, kept: str, *, copies: list[str], chosen: bool
 ) -> OptimizerEdit | None:
@@ -71,13 +85,16 @@ def _edit(
     record, where = omap.optimizer, omap.optimizer.path or "the optimizer"
     index = {name: i for i, p in enumerate(omap.params) for name in p.names}
     members = [n for n in [kept, *copies] if n in index]
-    by_param: dict[int, list[ParamKey]] = {}
-    for key, param in omap.owner.items():
-        by_param.setdefault(param, []).append(key)
-    keys = {n: by_param.get(index[n], []) for n in members}
-    if not any(keys.values()):
+    keys, certain, holds = _member_keys(omap, members)
+    if not holds:
         return None  # no member is in this optimizer (frozen, or another optimizer's)
-    if omap.method not in ("names", "order") or omap.problem or any(len(k) != 1 for k in keys.values()):
+    if opened.checkpoint.format != "torch":
+        raise UsageError(
+            f"retie would re-tie {printable(copies[0])} to {printable(kept)}, which may have state in "
+            f"{printable(record.file or where)}; retie of a Trainer checkpoint folder does not rewrite the "
+            "optimizer state yet, so nothing was written (retie the weights in a folder without it)"
+        )
+    if not certain or any(len(k) != 1 for k in keys.values()):
         raise UsageError(
             f"retie drops {printable(copies[0])}, a copy of {printable(kept)}, but the states of {where} "
             f"cannot be matched to its parameters ({omap.problem or 'not one state per copy'}); "
@@ -102,7 +119,8 @@ def optimizer_edits(
     opened: OpenCheckpoint, applied: Sequence[tuple[str, str]], *, keep: str | None = None
 ) -> tuple[OptimizerEdit, ...]:
     """The optimizer edits for the applied equal (kept, dropped) pairs; UsageError where the states
-    cannot be matched, or the copies' states differ and --keep (keep) does not say whose to keep."""
+    cannot be matched, or the copies' states differ and --keep (keep) does not say whose to keep,
+    or the optimizer is a folder's file, which retie does not rewrite (nothing is written then)."""
     ckpt = opened.checkpoint
     layout = ckpt.training
     if layout is None or not layout.optimizers or not applied:
@@ -116,12 +134,6 @@ def optimizer_edits(
             edit = _edit(opened, omap, kept, copies=copies, chosen=kept == keep)
             if edit is not None:
                 edits.append(edit)
-    if edits and ckpt.format != "torch":
-        files = ", ".join(sorted({r.file for r in layout.optimizers if r.file}))
-        raise UsageError(
-            f"retie would drop copies that have state in {files}, which retie of a folder does not rewrite "
-            "yet; nothing was written (retie the weights in a folder without the optimizer state)"
-        )
     return tuple(edits)
 
 
