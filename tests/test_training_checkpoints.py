@@ -228,3 +228,21 @@ def test_a_trainer_folder_with_a_copied_head_warns_for_each_state(corpus: Corpus
     assert split["details"]["states"] == keys and split["details"]["mapped_by"] == "shape"
     assert {"transformer.wte.weight", "lm_head.weight"} <= set(split["names"])
     assert split["fix"] is None  # retie of a folder does not rewrite optimizer.pt (test_retie_training)
+
+
+def test_a_model_key_without_an_optimizer_is_a_checkpoint_dict(tmp_path: Path) -> None:
+    from producers_torch import ToyLM
+
+    path = tmp_path / "weights_only.pt"
+    torch.save({"state_dict": ToyLM(tied=True).state_dict(), "epoch": 3}, path)
+    code, document = report(path, tmp_path)
+    training = single(document)["training"]
+    assert (code, training["kind"], training["model"], training["optimizers"]) == (
+        0,
+        "checkpoint dict",
+        "state_dict",
+        [],
+    )
+    plain = tmp_path / "plain.pt"
+    torch.save(ToyLM(tied=True).state_dict(), plain)
+    assert "training" not in single(report(plain, tmp_path)[1])

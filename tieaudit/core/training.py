@@ -76,8 +76,8 @@ class TrainingLayout:
     """What a training checkpoint holds besides tensors: the model part and its optimizer states."""
 
     kind: str
-    """Whose layout it is: ``model+optimizer dict``, ``lightning``, ``deepspeed``, ``trainer folder``,
-    ``optimizer state``."""
+    """Whose layout it is: ``model+optimizer dict``, ``checkpoint dict`` (a model key, no optimizer),
+    ``lightning``, ``deepspeed``, ``trainer folder``, ``optimizer state``."""
     model_prefix: str | None
     """Dotted prefix of the model's state dict (``model``, ``state_dict``, ``module``; ``""`` when
     the model's names are stored unprefixed); None when no single model part is recognised."""

@@ -222,7 +222,7 @@ def training_layout(root: object, tensor_names: Set[str]) -> TrainingLayout | No
     prefix, names, model_notes = _model_part(root, tensor_names)
     if not records and prefix not in MODEL_KEYS:
         return None
-    kind = _kind(root)
+    kind = _kind(root) if records or _kind(root) != "model+optimizer dict" else "checkpoint dict"
     buffers: frozenset[str] = frozenset()
     if kind == "deepspeed":
         listed = root.get("buffer_names")

@@ -23,7 +23,7 @@ from tieaudit.repair.publish import STAGE_INFIX
 
 __all__ = ["Discovery", "PathError", "Target", "discover", "glob_matches", "posix_relative"]
 
-CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".onnx")
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".onnx")
 LINK_OUTSIDE = "is a link to a file outside the folder searched; name it on the command line to audit it"
 
 
@@ -174,7 +174,7 @@ class _Walk:
         if link and not _inside(os.path.realpath(entry.path), self.real_root):
             self._error(entry.path, LINK_OUTSIDE)
             return False
-        return not entry.name.endswith(".bin") or _holds_torch_data(entry.path)
+        return not entry.name.endswith((".bin", ".ckpt")) or _holds_torch_data(entry.path)
 
     def _excluded(self, entry: os.DirEntry[str]) -> bool:
         relative = posix_relative(entry.path, self.root)

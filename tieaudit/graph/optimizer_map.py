@@ -33,9 +33,10 @@ from tieaudit.core.training import OptimizerRecord, ParamKey, TrainingLayout
 
 Method = Literal["names", "order", "shape", "none"]
 Shape = tuple[int, ...]
-MAX_ORDER_CELLS = 5_000_000
-"""Cells of the fitting table (optimizer parameters x skipped candidates + 1): a 100 000-parameter
-model with 49 float buffers stays under it; past it the order is not fitted (one byte per cell)."""
+MAX_ORDER_CELLS = 1_000_000
+"""Cells of the table fitting states to parameters by order, (states + 1) x (float buffers + 1): a
+100 000-parameter model with 8 float buffers fits, as does a 10 000-parameter one with 98; the
+table costs about 2.5 s of Python at the limit, so past it the order is not fitted."""
 _PARAM_DTYPES = FLOATS | {"complex64", "complex128"}
 
 
