@@ -142,6 +142,9 @@ EXPECTED_RULES = {
     "hf_llama_lm_head_only": {"TIE003"},
     "hf_llama_vocab_misaligned": {"TIE004"},
     "torch_overlapping_views": {"TIE006"},
+    "torch_train_copy": {"TIE007"},  # an Adam state for each copy
+    "torch_train_split": {"TIE007"},  # two states for one tied parameter
+    "hf_trainer_gpt2_copy": {"TIE007"},
 }
 
 
