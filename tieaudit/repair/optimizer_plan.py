@@ -82,17 +82,18 @@ def _edit(
     opened: OpenCheckpoint, omap: OptimizerMap, kept: str, *, copies: list[str], chosen: bool
 ) -> OptimizerEdit | None:
     """The edit for one copy group (chosen: --keep named kept, so differing states are no question)."""
-    record, where = omap.optimizer, omap.optimizer.path or "the optimizer"
+    record, where = omap.optimizer, printable(omap.optimizer.path or "the optimizer")
     index = {name: i for i, p in enumerate(omap.params) for name in p.names}
     members = [n for n in [kept, *copies] if n in index]
     keys, certain, holds = _member_keys(omap, members)
     if not holds:
         return None  # no member is in this optimizer (frozen, or another optimizer's)
     if opened.checkpoint.format != "torch":
+        holder = printable(record.file) if record.file else where
         raise UsageError(
             f"retie would re-tie {printable(copies[0])} to {printable(kept)}, which may have state in "
-            f"{printable(record.file or where)}; retie of a Trainer checkpoint folder does not rewrite the "
-            "optimizer state yet, so nothing was written (retie the weights in a folder without it)"
+            f"{holder}; retie of a Trainer checkpoint folder does not rewrite the optimizer state yet, so "
+            "nothing was written (retie the weights in a folder without it)"
         )
     if not certain or any(len(k) != 1 for k in keys.values()):
         raise UsageError(
@@ -105,9 +106,10 @@ def _edit(
     for other in [] if chosen else copies:
         if not same_state(opened, _slot(record, source), _slot(record, keys[other][0])):
             raise UsageError(
-                f"{printable(kept)} and {printable(other)} have different state in {where} (keys {source} "
-                f"and {keys[other][0]}); retie keeps one: --keep {printable(kept)} discards "
-                f"{printable(other)}'s, --keep {printable(other)} discards {printable(kept)}'s"
+                f"{printable(kept)} and {printable(other)} have different state in {where} (keys "
+                f"{printable(str(source))} and {printable(str(keys[other][0]))}); retie keeps one: --keep "
+                f"{printable(kept)} discards {printable(other)}'s, --keep {printable(other)} discards "
+                f"{printable(kept)}'s"
             )
     dropped = tuple(keys[n][0] for n in members if n != first)
     return OptimizerEdit(
