@@ -128,7 +128,7 @@ def materialize(kind: str, data: bytes, folder: Path) -> Path:
 
 def _reader(kind: str) -> Callable[[str], object]:
     from tieaudit.formats import open_checkpoint
-    from tieaudit.formats.hf_dir import HfDirReader
+    from tieaudit.formats.hf_reader import HfDirReader
     from tieaudit.formats.onnx_model import OnnxReader
     from tieaudit.formats.safetensors import SafetensorsReader
     from tieaudit.formats.torch_file import TorchReader

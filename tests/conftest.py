@@ -59,6 +59,14 @@ FIXTURE_NAMES = [
     "onnx_helper_duplicate",
     "onnx_helper_shared_external",
     "onnx_helper_subgraph",
+    "torch_train_copy",
+    "torch_train_split",
+    "torch_train_named",
+    "torch_lightning_ckpt",
+    "torch_deepspeed_states",
+    "torch_dcp_train",
+    "hf_trainer_gpt2",
+    "hf_trainer_gpt2_copy",
 ]
 
 

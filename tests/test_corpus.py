@@ -190,6 +190,10 @@ EXPECTED_RULES = {
     "torch_overlapping_views": {"TIE006"},
     "pickle_training_args": {"TIE011"},
     "pickle_whole_module": {"TIE011"},
+    "torch_train_copy": {"TIE007"},  # an Adam state for each copy
+    "torch_train_split": {"TIE007"},  # two states for one tied parameter
+    "hf_trainer_gpt2_copy": {"TIE007", "TIE011"},  # TIE011: training_args.bin's TrainingArguments
+    "hf_trainer_gpt2": {"TIE011"},
 }
 
 

@@ -32,7 +32,8 @@ from tieaudit.core.errors import InputError, UnsafeInputError, UsageError
 from tieaudit.core.escape import printable
 from tieaudit.core.globs import MAX_GLOB_LENGTH, compile_glob, glob_matches
 from tieaudit.formats import hf_dir
-from tieaudit.formats.hf_dir import HfDirReader, load_json
+from tieaudit.formats.hf_dir import load_json
+from tieaudit.formats.hf_reader import HfDirReader
 from tieaudit.gate.discover import discover
 from tieaudit.rules.policy import load_policy
 

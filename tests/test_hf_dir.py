@@ -19,7 +19,7 @@ from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.errors import InputError, UnsafeInputError
 from tieaudit.core.records import Checkpoint
 from tieaudit.formats import hf_ties
-from tieaudit.formats.hf_dir import HfDirReader
+from tieaudit.formats.hf_reader import HfDirReader
 
 BERT: dict[str, Any] = {
     "vocab_size": 100,

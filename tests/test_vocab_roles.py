@@ -19,7 +19,7 @@ import transformers
 from safetensors.numpy import load_file, save_file
 
 from tieaudit.cli.main import main
-from tieaudit.formats.hf_dir import HfDirReader
+from tieaudit.formats.hf_reader import HfDirReader
 
 SMALL: dict[str, Any] = {
     "encoder_layers": 1,

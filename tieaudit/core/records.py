@@ -15,6 +15,7 @@ from tieaudit.core.dtypes import itemsize
 from tieaudit.core.errors import InputError
 from tieaudit.core.escape import quoted
 from tieaudit.core.limits import NPY_INTP_MAX, bounded_product, shown_dims
+from tieaudit.core.training import TrainingLayout
 
 Format = Literal["torch", "safetensors", "onnx", "hf-dir"]
 DeclaredBy = Literal["config", "metadata", "index", "policy"]
@@ -229,6 +230,8 @@ class Checkpoint:
     """Every file read, relative to the checkpoint folder."""
     pickle_globals: tuple[PickleGlobal, ...] = ()
     """Every global the pickles read name, with its verdict (torch files)."""
+    training: TrainingLayout | None = None
+    """A training checkpoint's model part and optimizer states (None: not a training checkpoint)."""
 
     @cached_property
     def _by_name(self) -> dict[str, TensorInfo]:

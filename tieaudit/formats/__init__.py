@@ -19,7 +19,7 @@ _FILE_READERS = (
     ("tieaudit.formats.torch_file", "TorchReader"),
     ("tieaudit.formats.onnx_model", "OnnxReader"),
 )
-_FOLDER_READERS = (("tieaudit.formats.hf_dir", "HfDirReader"),)
+_FOLDER_READERS = (("tieaudit.formats.hf_reader", "HfDirReader"),)
 
 
 def _readers(folder: bool) -> Iterator[Reader]:

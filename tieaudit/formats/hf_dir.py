@@ -18,16 +18,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tieaudit.core.bytestore import ByteStore, OpenCheckpoint
+from tieaudit.core.bytestore import ByteStore
 from tieaudit.core.errors import InputError, UnsafeInputError
 from tieaudit.core.escape import printable
 from tieaudit.core.limits import TooLarge, nesting_depth_exceeds, parse_failure, read_limited
-from tieaudit.core.records import Checkpoint, DeclaredTie, PickleGlobal, Skipped, StorageInfo, TensorInfo
-from tieaudit.formats.hf_ties import CONFIG, config_ties, model_config
-from tieaudit.formats.interface import Reader
+from tieaudit.core.records import DeclaredTie, PickleGlobal, Skipped, StorageInfo, TensorInfo
+from tieaudit.formats.hf_ties import CONFIG, config_ties
 from tieaudit.formats.magic import read_head, refuse_head
 from tieaudit.formats.safetensors import read_header
 from tieaudit.formats.tie_records import metadata_ties
+from tieaudit.formats.trainer_dir import TRAINER_FILES as TRAINER_FILES  # the one list of them
+from tieaudit.formats.trainer_dir import trainer_files as trainer_files
 
 TOKENIZER = "tokenizer.json"
 SAFE_SINGLE = "model.safetensors"
@@ -35,7 +36,7 @@ SAFE_INDEX = "model.safetensors.index.json"
 TORCH_SINGLE = "pytorch_model.bin"
 TORCH_INDEX = "pytorch_model.bin.index.json"
 LOOKED_FOR = f"{SAFE_SINGLE}, {SAFE_INDEX}, *.safetensors, {TORCH_SINGLE}, {TORCH_INDEX}"
-READ_BESIDE_WEIGHTS = (CONFIG, TOKENIZER)
+READ_BESIDE_WEIGHTS = (CONFIG, TOKENIZER, *TRAINER_FILES)
 """Files (fnmatch patterns) read beside the weights when present; a file the reader learns to read
 goes here too, so that discovery counts it as part of the folder (``hf_covered.covered_files``)."""
 
@@ -359,41 +360,3 @@ def unique_ties(ties: list[DeclaredTie]) -> tuple[DeclaredTie, ...]:
     for tie in ties:
         seen.setdefault((tie.dropped, tie.kept, tie.declared_by), tie)
     return tuple(seen.values())
-
-
-class HfDirReader(Reader):
-    """Hugging Face model folders (``save_pretrained`` output, hub snapshots)."""
-
-    format = "hf-dir"
-
-    def sniff(self, path: str, head: bytes) -> bool:
-        return os.path.isdir(path)
-
-    def read(self, path: str) -> OpenCheckpoint:
-        folder = path
-        config, config_files = read_config(folder)
-        weights = find_weights(folder)
-        parts = [read_part(folder, file, len(weights.files) > 1) for file in weights.files]
-        check_weight_map(weights, parts, folder)
-        tokenizer_size, tokenizer_files, tokenizer_notes = read_tokenizer(folder)
-        ties, notes = gather_declarations(folder, config, weights, parts=parts)
-        index_files = [weights.index] if weights.index else []
-        checkpoint = Checkpoint(
-            path=path,
-            format="hf-dir",
-            tensors=tuple(t for part in parts for t in part.tensors),
-            storages={sid: s for part in parts for sid, s in part.storages.items()},
-            declared_ties=ties,
-            skipped=tuple(notes + tokenizer_notes),
-            skipped_more=sum(part.skipped_more for part in parts),
-            pickle_globals=tuple(g for part in parts for g in part.pickle_globals),
-            config=model_config(
-                config,
-                os.path.join(folder, CONFIG),
-                tokenizer_size=tokenizer_size,
-                tokenizer_file=TOKENIZER,
-                stored={t.name for part in parts for t in part.tensors},
-            ),
-            files=tuple(config_files + index_files + list(weights.files) + tokenizer_files),
-        )
-        return OpenCheckpoint(checkpoint, byte_store(folder, parts))

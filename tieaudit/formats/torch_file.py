@@ -11,6 +11,7 @@ whose bytes are located in the file without being read, so ``Checkpoint.array`` 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import os
 import re
@@ -26,6 +27,7 @@ from tieaudit.formats.torch_checkpoint import ROOT_NAME, LocateStorage, build_ch
 from tieaudit.formats.torch_legacy import MAGIC_NUMBER, read_legacy
 from tieaudit.formats.torch_pickle import MAX_PICKLE_BYTES, Referenced, load_pickle, truncated_error
 from tieaudit.formats.torch_records import StorageRef, key_name
+from tieaudit.formats.training import training_layout
 from tieaudit.formats.zip_archive import (
     ZipArchive,
     ZipMember,
@@ -213,7 +215,11 @@ class TorchReader(Reader):
                     root, storages, locate = read_legacy(fd, size, path, referenced=referenced)
                 else:
                     raise UnsupportedFormatError("not a torch.save file (neither zip nor legacy magic)", path)
-                return build_checkpoint(path, root, storages, locate=locate, referenced=referenced)
+                opened = build_checkpoint(path, root, storages, locate=locate, referenced=referenced)
+                layout = training_layout(root, opened.checkpoint.names)
+                if layout is not None:
+                    opened.checkpoint = dataclasses.replace(opened.checkpoint, training=layout)
+                return opened
         except InputError as exc:
             raise with_dangerous(exc, referenced) from None
         except IsADirectoryError:

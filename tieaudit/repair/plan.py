@@ -11,7 +11,8 @@ every equal copy and the plan says what the loader will do with each one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.errors import UsageError
@@ -31,6 +32,7 @@ from tieaudit.graph.detect import (
     find_copies,
     lookup_tables,
 )
+from tieaudit.repair.optimizer_plan import OptimizerEdit, optimizer_edits, renamed_states
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +73,10 @@ class RetiePlan:
     """One per copy found, applied or left."""
     all_equal: bool = False
     """--all-equal: every equal copy re-tied, also those the format's loader does not restore."""
+    optimizer_edits: tuple[OptimizerEdit, ...] = ()
+    """A training checkpoint's optimizer state, made to follow the re-tied equal copies."""
+    renamed: Mapping[str, str | None] = field(default_factory=dict)
+    """Optimizer state names the edits move (to the new name) or discard (None)."""
 
     @property
     def applied(self) -> tuple[Decision, ...]:
@@ -231,10 +237,14 @@ def make_plan(
         for member in group.members
     ]
     decisions += _companions(opened, rule, decisions)
+    equal = [(d.kept, d.dropped) for d in decisions if d.applied and d.relation == "equal"]
+    edits = optimizer_edits(opened, equal, keep=keep)
     return RetiePlan(
         path=ckpt.path,
         format=ckpt.format,
         relations=frozenset(chosen),
         decisions=tuple(decisions),
         all_equal=all_equal,
+        optimizer_edits=edits,
+        renamed=renamed_states(ckpt.training, edits) if ckpt.training and edits else {},
     )

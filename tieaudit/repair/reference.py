@@ -66,10 +66,13 @@ class ReferenceCheck:
         self._loaded = loaded
         self._found = found
 
-    def problem(self, tensor: TensorInfo) -> str | None:
-        """What the reference loader reads differently for one original name (None: bit for bit equal)."""
+    def problem(self, tensor: TensorInfo, *, as_name: str | None = None) -> str | None:
+        """What the reference loader reads differently for one original name (None: bit for bit
+        equal); as_name: the name the output holds it under (optimizer state renumbered by retie)."""
         name = printable(tensor.name)
-        source = self._found.get(tensor.name)
+        source = self._found.get(as_name or tensor.name)
+        if source is not None and source.relation == "beside":
+            return None  # a Trainer folder's optimizer.pt and the like: copied as they are
         if source is None:
             return f"{name} is missing when the reference loader reads the output"
         dtype, shape = self._loaded.dtype_shape(source.name)
@@ -98,6 +101,16 @@ class ReferenceCheck:
         return None
 
 
+def training_files_tensors(ckpt: Checkpoint) -> frozenset[str]:
+    """A Trainer folder's names from its training files (optimizer.pt, ...): the weights' reference
+    loader does not read them; retie copies those files byte for byte."""
+    layout = ckpt.training
+    if ckpt.format != "hf-dir" or layout is None:
+        return frozenset()
+    files = {p.path for p in layout.parts if p.role != "model"}
+    return frozenset(t.name for t in ckpt.tensors if t.file in files)
+
+
 @contextmanager
 def reference_check(
     original: OpenCheckpoint, written: Checkpoint, out: str
@@ -111,10 +124,12 @@ def reference_check(
     if loaded is None:
         yield None
         return
-    if written.format != "torch" and loaded.names != written.names:
-        differ = ", ".join(printable(n) for n in sorted(loaded.names ^ written.names)[:3])
+    beside = training_files_tensors(written)
+    if written.format != "torch" and loaded.names != written.names - beside:
+        differ = ", ".join(printable(n) for n in sorted(loaded.names ^ (written.names - beside))[:3])
         raise ReferenceMismatch(f"the reference loader and tieaudit see different tensors ({differ})", out)
     found = {name: Source(name, "stored") for name in loaded.names}
+    found.update((name, Source(name, "beside")) for name in beside)
     if written.format == "onnx":  # Identity aliases and the tieaudit.ties record, read from the graph
         found.update((name, s) for name, s in sources(written).items() if name not in found)
     for name, source in loaded.ties().items():

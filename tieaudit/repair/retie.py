@@ -183,7 +183,7 @@ def _write_and_publish(
         with worker_pool(1, "fsync") as pool:
             syncing = pool.submit(_fsync_all, files)
             try:
-                verify_output(opened, staged)
+                verify_output(opened, staged, renamed=plan.renamed)
             except (VerificationError, ReferenceMismatch) as exc:  # named as OUT: the stage goes away
                 raise type(exc)(f"{exc.message}; nothing was written", paths.out_given) from exc
             syncing.result()

@@ -3,9 +3,10 @@
 The input is loaded with ``torch.load(weights_only=True)``, so no pickle code runs; a zip archive
 is memory-mapped, a legacy (pre-1.6) file cannot be and is read into memory. Each dropped entry is
 replaced in its container by the kept tensor itself (equal) or by ``kept.t()`` (transposed), so
-``torch.save`` writes the kept storage once and ``torch.load`` gives one storage back. Everything
-else (optimizer state, epoch, nested containers, non-tensor leaves) is saved as loaded. The output
-is always torch.save's zip format, also when the input was a legacy file.
+``torch.save`` writes the kept storage once and ``torch.load`` gives one storage back. A training
+checkpoint's optimizer state follows the re-tied equal copies (``repair.optimizer_plan``);
+everything else (epoch, nested containers, non-tensor leaves) is saved as loaded. The output is
+always torch.save's zip format, also when the input was a legacy file.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tieaudit.core.records import Checkpoint
 from tieaudit.formats.torch_file import ROOT_NAME, ZIP_MAGIC
 from tieaudit.formats.torch_file import key_name as key_name  # the reader's naming, shared on purpose
 from tieaudit.repair.interface import Writer
+from tieaudit.repair.optimizer_plan import apply_edits
 from tieaudit.repair.plan import Decision, RetiePlan
 
 VisitLeaf = Callable[[str, Any], Any]
@@ -173,6 +175,7 @@ class TorchWriter(Writer):
         refuse_placeholders(ckpt, ckpt.files)
         torch = torch_module(ckpt.path)
 
-        root = load_weights(ckpt.path)
-        torch.save(retied(torch, root, plan, path=ckpt.path), out)
+        root = retied(torch, load_weights(ckpt.path), plan, path=ckpt.path)
+        apply_edits(root, plan.optimizer_edits)
+        torch.save(root, out)
         return [out]

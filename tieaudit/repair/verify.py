@@ -8,6 +8,7 @@ for bytes those libraries would read differently.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -51,6 +52,7 @@ def _problem(
     *,
     source: Source | None,
     reference: ReferenceCheck | None,
+    as_name: str | None = None,
 ) -> str | None:
     """What is wrong with one name in the written output: as tieaudit reads it, then as the
     reference loader reads it (None when both give the input bit for bit)."""
@@ -68,22 +70,35 @@ def _problem(
         if not same:
             return f"{tensor.name} differs from the input after writing"
         # Right after tieaudit's comparison, while the input's pages of this name are still in.
-        return None if reference is None else reference.problem(tensor)
+        return None if reference is None else reference.problem(tensor, as_name=as_name)
     finally:
         _release(original, tensor.name)
 
 
-def verify_output(original: OpenCheckpoint, out: str) -> None:
+def verify_output(
+    original: OpenCheckpoint, out: str, *, renamed: Mapping[str, str | None] | None = None
+) -> None:
     """Re-read out; raise VerificationError naming the first name that is missing or differs.
 
-    Names are compared by two threads: memcmp and the page faults behind it run outside the GIL.
+    renamed: original names the plan moves (optimizer state renumbered: compared under the new
+    name) or discards (None: not compared). Names are compared by two threads: memcmp and the page
+    faults behind it run outside the GIL.
     """
+    moves = renamed or {}
+    kept = [(t, moves.get(t.name, t.name)) for t in original.checkpoint.tensors]
     with open_checkpoint(out) as written, reference_check(original, written.checkpoint, out) as reference:
         provided = sources(written.checkpoint)
         with worker_pool(VERIFY_THREADS, "verify") as pool:
             problems = pool.map(
-                lambda t: _problem(original, written, t, source=provided.get(t.name), reference=reference),
-                original.checkpoint.tensors,
+                lambda pair: _problem(
+                    original,
+                    written,
+                    pair[0],
+                    source=provided.get(pair[1]),
+                    reference=reference,
+                    as_name=pair[1],
+                ),
+                [(t, name) for t, name in kept if name is not None],
             )
             for problem in problems:
                 if problem is not None:

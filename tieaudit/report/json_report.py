@@ -8,6 +8,7 @@ from typing import Any
 from tieaudit.audit import Audit
 from tieaudit.core.records import Consumer
 from tieaudit.core.version import __version__
+from tieaudit.report.training import training_dict
 from tieaudit.rules.finding import Finding
 
 SCHEMA = "tieaudit.report/1"
@@ -127,6 +128,9 @@ def report_dict(audit: Audit) -> dict[str, Any]:
         ]
     if ckpt.aliases:
         report["aliases"] = dict(ckpt.aliases)
+    training = training_dict(ckpt)
+    if training is not None:
+        report["training"] = training
     return report
 
 

@@ -26,6 +26,15 @@ def render_plan(result: RetieResult) -> str:
         if decision.consequence:
             line += f"\n       note: {printable(decision.consequence)}"
         lines.append(line)
+    for edit in plan.optimizer_edits:
+        dropped = ", ".join(str(k) for k in edit.dropped)
+        lines.append(
+            f"  optimizer {printable(edit.path or '(root)')}: state {edit.kept_slot} keeps "
+            f"{printable(edit.kept_name)}'s, key {dropped} dropped, later keys renumbered"
+        )
+    discarded = sum(1 for name in plan.renamed.values() if name is None)
+    if discarded:
+        lines.append(f"  {discarded} optimizer state tensors discarded (one state per re-tied parameter)")
     lines.append(f"  saves {human_bytes(plan.saved_bytes)} ({plan.saved_bytes} bytes)")
     forced = sum(1 for d in plan.applied if d.consequence)
     if forced:

@@ -2,8 +2,7 @@
 
 ``RULES`` is the one list: SARIF's ``driver.rules``, ``--ignore``, the policy's ``[severity]`` table
 and the README's rule table all come from (or are tested against) it, so a rule that no code emits
-cannot be published. Ids are added, never renumbered (TIE007, optimizer-state-split, is reserved
-in DESIGN.md and joins when the training-checkpoint reader emits it).
+cannot be published. Ids are added, never renumbered.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ from tieaudit.rules.copies import UNTIED_COPY
 from tieaudit.rules.declared import BROKEN, ORPHAN
 from tieaudit.rules.expected import EXPECTED_MISSING
 from tieaudit.rules.finding import Audited, Finding, Rule, most_severe_first
+from tieaudit.rules.optimizer import SPLIT
 from tieaudit.rules.overlap import OVERLAPPING
 from tieaudit.rules.pickle_code import RUNS_CODE, UNKNOWN_GLOBAL
 from tieaudit.rules.runtime_duplicate import RUNTIME_DUPLICATE
@@ -38,6 +38,7 @@ RULES: dict[str, Rule] = {
             VOCAB_MISALIGNED,
             RUNTIME_DUPLICATE,
             OVERLAPPING,
+            SPLIT,
             EXPECTED_MISSING,
             WASTED_BYTES_CAP,
             RUNS_CODE,

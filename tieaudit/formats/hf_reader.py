@@ -1,0 +1,70 @@
+"""The Hugging Face folder reader: config, weights, tokenizer and a Trainer folder's training files
+as one checkpoint (the pieces are in ``hf_dir`` and ``trainer_dir``)."""
+
+from __future__ import annotations
+
+import os
+
+from tieaudit.core.bytestore import OpenCheckpoint
+from tieaudit.core.records import Checkpoint
+from tieaudit.formats.hf_dir import (
+    TOKENIZER,
+    TORCH_SINGLE,
+    FilePart,
+    byte_store,
+    check_weight_map,
+    confined_path,
+    find_weights,
+    gather_declarations,
+    read_config,
+    read_part,
+    read_tokenizer,
+)
+from tieaudit.formats.hf_ties import CONFIG, model_config
+from tieaudit.formats.interface import Reader
+from tieaudit.formats.trainer_dir import read_trainer_folder
+
+
+class HfDirReader(Reader):
+    """Hugging Face model folders (``save_pretrained`` output, hub snapshots)."""
+
+    format = "hf-dir"
+
+    def sniff(self, path: str, head: bytes) -> bool:
+        return os.path.isdir(path)
+
+    def read(self, path: str) -> OpenCheckpoint:
+        folder = path
+        config, config_files = read_config(folder)
+        weights = find_weights(folder)
+        parts = [read_part(folder, file, len(weights.files) > 1) for file in weights.files]
+        check_weight_map(weights, parts, folder)
+        model = tuple(t for part in parts for t in part.tensors)
+        ordered = weights.files == (TORCH_SINGLE,)  # a safetensors header is sorted by name
+        trainer = read_trainer_folder(folder, confine=confined_path, model=model, ordered=ordered)
+        if trainer is not None:
+            parts.append(FilePart(file=", ".join(trainer.files), **trainer.part_fields()))
+        tokenizer_size, tokenizer_files, tokenizer_notes = read_tokenizer(folder)
+        ties, notes = gather_declarations(folder, config, weights, parts=parts)
+        index_files = [weights.index] if weights.index else []
+        checkpoint = Checkpoint(
+            path=path,
+            format="hf-dir",
+            tensors=tuple(t for part in parts for t in part.tensors),
+            storages={sid: s for part in parts for sid, s in part.storages.items()},
+            declared_ties=ties,
+            skipped=tuple(notes + tokenizer_notes),
+            skipped_more=sum(part.skipped_more for part in parts),
+            pickle_globals=tuple(g for part in parts for g in part.pickle_globals),
+            config=model_config(
+                config,
+                os.path.join(folder, CONFIG),
+                tokenizer_size=tokenizer_size,
+                tokenizer_file=TOKENIZER,
+                stored={t.name for part in parts for t in part.tensors},
+            ),
+            files=tuple(config_files + index_files + list(weights.files) + tokenizer_files)
+            + (trainer.files if trainer else ()),
+            training=trainer.layout if trainer else None,
+        )
+        return OpenCheckpoint(checkpoint, byte_store(folder, parts))

@@ -1,0 +1,78 @@
+"""A training checkpoint's layout in the reports: which subtree is the model, which the optimizer
+state, how its states were matched to parameters, and which training files were not read."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tieaudit.core.escape import printable
+from tieaudit.core.records import Checkpoint
+from tieaudit.graph.optimizer_map import OptimizerMap, map_optimizer
+
+MAX_LISTED_STATES = 10_000
+"""Optimizer keys listed with their parameter in the JSON report (the counts cover them all)."""
+
+
+def _maps(ckpt: Checkpoint) -> list[OptimizerMap]:
+    layout = ckpt.training
+    if layout is None or layout.model_prefix is None or not layout.model_names:
+        return []
+    return [map_optimizer(ckpt, layout, record) for record in layout.optimizers]
+
+
+def training_dict(ckpt: Checkpoint) -> dict[str, Any] | None:
+    """The JSON report's ``training`` block (None for a checkpoint that is not a training one)."""
+    layout = ckpt.training
+    if layout is None:
+        return None
+    maps = {m.optimizer.path: m for m in _maps(ckpt)}
+    optimizers = []
+    for record in layout.optimizers:
+        entry: dict[str, Any] = {
+            "path": record.path,
+            "file": record.file or None,
+            "groups": len(record.groups),
+            "parameters": len(record.keys),
+            "states": sum(1 for s in record.slots if s.tensors),
+        }
+        found = maps.get(record.path)
+        if found is not None:
+            listed = list(found.owner.items())[:MAX_LISTED_STATES]
+            entry["mapped_by"] = found.method
+            entry["param_of_key"] = {str(k): found.params[i].names[0] for k, i in listed}
+            entry["unmapped"] = found.problem or None
+        optimizers.append(entry)
+    return {
+        "kind": layout.kind,
+        "model": layout.model_prefix,
+        "model_tensors": len(layout.model_names),
+        "parts": [{"path": p.path, "role": p.role, "status": p.status} for p in layout.parts],
+        "optimizers": optimizers,
+        "notes": list(layout.notes),
+    }
+
+
+def training_lines(ckpt: Checkpoint, *, brief: bool = False) -> list[str]:
+    """Lines for the text reports (escaped): the layout and each optimizer's match (not when brief:
+    ``check`` prints only what was not read or recognised), then each file not read."""
+    layout = ckpt.training
+    if layout is None:
+        return []
+    lines = []
+    if not brief:
+        weights = next((p.path for p in layout.parts if p.role == "model"), "the weights")
+        model = "not recognised" if layout.model_prefix is None else (layout.model_prefix or weights)
+        lines.append(f"training checkpoint ({layout.kind}): model = {model}")
+        maps = {m.optimizer.path: m for m in _maps(ckpt)}
+        for record in layout.optimizers:
+            groups = f"{len(record.groups)} group{'s' if len(record.groups) != 1 else ''}"
+            line = f"optimizer = {record.path or '(root)'}: {len(record.keys)} parameters in {groups}"
+            found = maps.get(record.path)
+            if found is not None and found.owner:
+                line += f", {len(found.owner)} matched to model parameters by {found.method}"
+            elif found is not None:
+                line += ", not matched to model parameters"
+            lines.append(line + (f" ({found.problem})" if found is not None and found.problem else ""))
+    lines += [f"{p.path} ({p.role}): {p.status}" for p in layout.parts if p.status.startswith("not read")]
+    lines += list(layout.notes)
+    return [printable(line) for line in lines]
