@@ -53,7 +53,11 @@ EXEC_MODULES = frozenset(
 EXEC_BUILTINS = frozenset(
     "eval exec getattr setattr delattr compile __import__ open globals locals vars breakpoint input".split()
 )
-_REFUSED = re.compile(r"pickle references (\S+), which is not on the allowlist")
+_REFUSED = re.compile(
+    r"pickle references (\S+), which is not on the allowlist"  # the strict policy
+    r"|(?:INST|STACK_GLOBAL) \(0x[0-9a-f]+\) of (\S+),"  # an opcode refused by name
+    r"|its pickle also names (\S+), which runs code"  # an unreadable file naming code to run
+)
 
 
 class Crash(Exception):
@@ -76,7 +80,7 @@ def is_exec_primitive(spelled: str) -> bool:
 
 def refused_global(message: str) -> str | None:
     found = _REFUSED.search(message)
-    return found.group(1) if found else None
+    return next((group for group in found.groups() if group), None) if found else None
 
 
 # --- bundles ------------------------------------------------------------------------------------
@@ -105,7 +109,8 @@ class Outcome:
     """What one input did."""
 
     label: str
-    """accepted, rejected, or blocked-exec (a refused global that could run code)."""
+    """accepted, rejected, or blocked-exec (a global that could run code, refused, or read as an inert
+    placeholder and reported as TIE010)."""
     detail: str = ""
     """The error message, or the tensor count."""
 
@@ -181,16 +186,14 @@ def check_one(kind: str, data: bytes, folder: Path, audit: bool = False) -> Outc
     With audit, an accepted checkpoint also goes through the alias graph and the rules, as the CLI
     takes it (TieauditErrors from there are allowed too).
     """
-    from tieaudit.core.errors import TieauditError, UnsafeInputError
+    from tieaudit.core.errors import TieauditError
 
     path = materialize(kind, data, folder)
     try:
         opened = _reader(kind)(str(path))
-    except UnsafeInputError as exc:
+    except TieauditError as exc:
         spelled = refused_global(exc.message)
         return Outcome("blocked-exec" if spelled and is_exec_primitive(spelled) else "rejected", exc.message)
-    except TieauditError as exc:
-        return Outcome("rejected", exc.message)
     finally:
         if (folder / MARKER).exists() or Path(MARKER).exists():
             raise Crash("pickle code ran: the payload's marker file exists")
@@ -204,6 +207,9 @@ def check_one(kind: str, data: bytes, folder: Path, audit: bool = False) -> Outc
                 _audit(opened)
             except TieauditError as exc:
                 return Outcome("rejected", exc.message)
+        runs = [g.name for g in opened.checkpoint.pickle_globals if g.verdict == "runs-code"]
+    if runs:  # read with inert placeholders: the code is named (TIE010), nothing was called
+        return Outcome("blocked-exec", f"{count} tensors; names {', '.join(runs)}")
     return Outcome("accepted", f"{count} tensors")
 
 
@@ -966,8 +972,9 @@ def hostile_seeds() -> dict[str, list[bytes]]:
     for case in mh.CASES:
         path = HOSTILE / case.name
         kinds = [by_tag[tag] for tag in case.tags if tag in by_tag]
-        # exit_code 0: a legitimate spelling the reader must accept, not a hostile seed
-        if case.committed and path.is_file() and kinds and case.exit_code != 0:
+        # exit_code 0: a legitimate spelling the reader must accept, not a hostile seed; but a pickle
+        # calling code (read, reported as TIE010) is one
+        if case.committed and path.is_file() and kinds and (case.exit_code != 0 or case.finding == "TIE010"):
             out[kinds[-1]].append(path.read_bytes())
     return out
 
