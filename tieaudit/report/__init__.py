@@ -87,9 +87,9 @@ def check_summary_line(result: CheckResult) -> str:
     """The closing line on stderr: checkpoints, failing, errors, baselined, wasted bytes."""
     summary = result.summary()
     parts = [
-        f"{summary.checkpoints} checkpoints",
+        f"{summary.checkpoints} checkpoint{'' if summary.checkpoints == 1 else 's'}",
         f"{summary.failing} failing",
-        f"{summary.errors} errors",
+        f"{summary.errors} error{'' if summary.errors == 1 else 's'}",
     ]
     if result.baseline is not None:
         parts.append(f"{summary.baselined} baselined findings")

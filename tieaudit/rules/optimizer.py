@@ -94,8 +94,8 @@ def _split(audited: Audited, omap: OptimizerMap, tie: TieSet, *, keys: tuple[Par
     where = record.path or "the optimizer"
     names = [*tie.names, *_state_names(record, keys)]
     with_state = {s.key for s in record.slots if s.tensors} & set(keys)
-    entries = f"{where} has {len(keys)} entries for them (parameter keys {_shown(keys)}, "
-    entries += f"{len(with_state)} with state)"
+    entries = f"{where} has {len(keys)} entries for them (parameter keys {_shown(keys)}; "
+    entries += f"{len(with_state)} of them hold state)"
     details = {"optimizer": record.path, "states": list(keys), "mapped_by": omap.method}
     extra = _state_bytes(ckpt, record, keys[1:])
     joined = " and ".join(tie.names) if len(tie.names) == 2 else ", ".join(tie.names)
