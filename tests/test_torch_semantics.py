@@ -221,3 +221,22 @@ def test_state_dict_pickles_match_pickle_loads_where_both_apply() -> None:
     for protocol in (2,):
         data = pickle.dumps(value, protocol=protocol)
         assert run_pickle(data, 0, TorchHooks("x.pt", "zip"))[0] == pickle.loads(data)
+
+
+def test_placeholders_nest_no_deeper_than_containers() -> None:
+    """Objects of unknown classes holding each other count as nesting, as containers do: a chain
+    deeper than MAX_DEPTH is refused however it is built (arguments, BUILD state, SETITEMS)."""
+    by_args = text("x")
+    for _ in range(pickle_vm.MAX_DEPTH + 5):
+        by_args = call(glob("m", "C"), by_args)
+    with pytest.raises(InputError, match="nested deeper than"):
+        load_pickle(pickle_of(by_args), "x.pt", "data.pkl")
+    by_state = text("x")
+    for _ in range(pickle_vm.MAX_DEPTH + 5):  # C() then BUILD with a dict holding the inner one
+        by_state = call(glob("m", "C")) + dct((text("inner"), by_state)) + b"b"
+    with pytest.raises(InputError, match="nested deeper than"):
+        load_pickle(pickle_of(by_state), "x.pt", "data.pkl")
+    shallow = call(glob("m", "C"), call(glob("m", "C"), text("x")))
+    root, _, _ = load_pickle(pickle_of(shallow), "x.pt", "data.pkl")
+    assert isinstance(root, Placeholder) and isinstance(root.args[0], Placeholder)
+    assert root.args[0].args == ("x",)

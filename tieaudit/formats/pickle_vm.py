@@ -368,8 +368,8 @@ class PickleVM:
             depth = 1 + max((self._depth(item) for item in value.values()), default=0)
             for key in value:
                 self._key(key)
-        else:
-            depth = 1 + self._depth(args)
+        else:  # a stand-in holding the arguments: as deep as a tuple of them
+            depth = 1 + max((self._depth(item) for item in args), default=0)
         if depth > 1:
             self._register(value, depth)
         return value

@@ -151,12 +151,12 @@ class TorchHooks:
         # A placeholder for a dict or list subclass takes SETITEM(S) and APPEND(S) into its own
         # plain containers; anything else is its own target (the VM refuses what is not a dict/list).
         if isinstance(target, Placeholder):
-            return target.dictitems if kind is dict else target.listitems
+            return target.items_for(kind)
         return target
 
     def build(self, inst: object, state: object) -> None:
         if isinstance(inst, Placeholder):
-            inst.states.append(state)
+            inst.states += (state,)
             return
         # torch's BUILD sets a tensor's storage view (set_) or a Parameter's state: refused here,
         # since it would change what an already checked record means. OrderedDict and Counter

@@ -119,12 +119,23 @@ class Placeholder:
         """False for the global itself; True for an object REDUCE/NEWOBJ made from it."""
         self.args = args
         """The arguments of the call that made it."""
-        self.states: list[object] = []
+        self.states: tuple[object, ...] = ()
         """The state of each BUILD applied to it."""
-        self.dictitems: dict[Any, Any] = {}
-        """What SETITEM(S) put in it (dict subclasses)."""
-        self.listitems: list[Any] = []
-        """What APPEND(S) put in it (list subclasses)."""
+        self.dictitems: dict[Any, Any] | None = None
+        """What SETITEM(S) put in it (dict subclasses); made on first use, so a placeholder costs
+        about what the opcodes that made it cost."""
+        self.listitems: list[Any] | None = None
+        """What APPEND(S) put in it (list subclasses); made on first use."""
+
+    def items_for(self, kind: type) -> dict[Any, Any] | list[Any]:
+        """The container SETITEM(S) (kind dict) or APPEND(S) (kind list) write into."""
+        if kind is dict:
+            if self.dictitems is None:
+                self.dictitems = {}
+            return self.dictitems
+        if self.listitems is None:
+            self.listitems = []
+        return self.listitems
 
     def __repr__(self) -> str:
         shown = reprlib.repr(self.args[0]) if self.made and len(self.args) == 1 else ""
@@ -135,8 +146,8 @@ class Placeholder:
         dict BUILD state, or CPython's (dict, slots) pair) by name, the rest under ``__state__``
         and ``__args__``."""
         named: list[tuple[str, object]] = []
-        named.extend((key_name(key), value) for key, value in self.dictitems.items())
-        named.extend((str(index), value) for index, value in enumerate(self.listitems))
+        named.extend((key_name(key), value) for key, value in (self.dictitems or {}).items())
+        named.extend((str(index), value) for index, value in enumerate(self.listitems or ()))
         for index, state in enumerate(self.states):
             pairs: tuple[object, ...] = state if type(state) is tuple and len(state) == 2 else (state,)
             attributes = [part for part in pairs if type(part) is dict]
