@@ -82,3 +82,18 @@ def inert_parts(value: Inert) -> list[tuple[str, Any]]:
     if value.args:
         parts.append(("__args__", value.args))
     return parts
+
+
+def load_like_torch(torch: Any, path: Any) -> tuple[Any, str]:
+    """(what torch loads, mode): ``torch.load(weights_only=True)``, or, for a file it refuses only
+    for a global outside its allowlist ("Unsupported global: GLOBAL x", "unsupported GLOBAL x whose
+    module x is blocked"), weights_only=False with the inert unpickler (mode "inert"). Any other
+    refusal is raised."""
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu"), "weights_only"
+    except Exception as exc:
+        if "unsupported global" not in str(exc).lower():
+            raise
+    return torch.load(
+        path, weights_only=False, map_location="cpu", pickle_module=inert_pickle(torch)
+    ), "inert"

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from conftest import FIXTURE_NAMES as NAMES
 from conftest import Corpus
-from inert_pickle import Inert, inert_parts, inert_pickle
+from inert_pickle import Inert, inert_parts, load_like_torch
 
 from tieaudit.cli.main import main
 
@@ -40,11 +40,7 @@ def storage_truth(path: Path) -> set[frozenset[str]]:
     only for a global outside its allowlist, weights_only=False with the tests' inert unpickler)."""
     import torch
 
-    try:
-        loaded = torch.load(path, weights_only=True, map_location="cpu")
-    except Exception as exc:
-        assert "unsupported global" in str(exc).lower(), exc
-        loaded = torch.load(path, weights_only=False, map_location="cpu", pickle_module=inert_pickle(torch))
+    loaded, _ = load_like_torch(torch, path)
     by_ptr: dict[int, list[str]] = defaultdict(list)
 
     def walk(prefix: str, value: object) -> None:

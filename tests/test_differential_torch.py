@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import GENERATED, ROOT, Corpus
-from inert_pickle import Inert, inert_parts, inert_pickle
+from inert_pickle import Inert, inert_parts, load_like_torch
 
 HOSTILE = ROOT / "fixtures" / "hostile"
 SUFFIXES = (".pt", ".pth", ".bin")
@@ -102,19 +102,8 @@ def _torch_load(torch: Any, path: str) -> dict[str, Any]:
     A file weights_only refuses only for a global outside its allowlist is loaded again with
     weights_only=False and the inert pickle module: torch itself then finds every tensor (mode
     "inert"), with nothing from the file imported or called."""
-    mode = "weights_only"
     try:
-        try:
-            loaded = torch.load(path, weights_only=True, map_location="cpu")
-        except Exception as exc:
-            if (
-                "unsupported global" not in str(exc).lower()
-            ):  # "Unsupported global: GLOBAL x", "unsupported GLOBAL x whose module x is blocked"
-                raise
-            mode = "inert"
-            loaded = torch.load(
-                path, weights_only=False, map_location="cpu", pickle_module=inert_pickle(torch)
-            )
+        loaded, mode = load_like_torch(torch, path)
         leaves: list[dict[str, Any]] = []
         _torch_flatten(torch, loaded, "", leaves)
         return {"accepted": True, "leaves": leaves, "mode": mode}

@@ -12,6 +12,7 @@ from typing import Literal
 
 from tieaudit.core.records import Checkpoint, DeclaredTie, TensorInfo
 from tieaudit.graph.consumer_ties import ConsumerTie, consumer_ties
+from tieaudit.graph.optimizer_map import OptimizerMap, optimizer_maps
 
 Relation = Literal["identical", "transposed", "overlapping", "disjoint"]
 
@@ -83,6 +84,12 @@ class AliasGraph:
     def consumer_ties(self) -> tuple[ConsumerTie, ...]:
         """ONNX: tensors read both as embedding and as head (a tie kept by one shared initializer)."""
         return consumer_ties(self.checkpoint)
+
+    @cached_property
+    def optimizer_maps(self) -> tuple[OptimizerMap, ...]:
+        """A training checkpoint's optimizer states matched to model parameters, once per audit
+        (the TIE007 rule and the reports read the same match; an order fit can take seconds)."""
+        return optimizer_maps(self.checkpoint)
 
     @property
     def stored_bytes(self) -> int:

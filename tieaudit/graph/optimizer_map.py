@@ -209,3 +209,11 @@ def map_optimizer(ckpt: Checkpoint, layout: TrainingLayout, record: OptimizerRec
     if layout.ordered:
         return _by_order(record, params, shape)
     return _by_shape(record, params, shape)
+
+
+def optimizer_maps(ckpt: Checkpoint) -> tuple[OptimizerMap, ...]:
+    """Every optimizer of a training checkpoint with a recognised model part, matched (else none)."""
+    layout = ckpt.training
+    if layout is None or layout.model_prefix is None or not layout.model_names:
+        return ()
+    return tuple(map_optimizer(ckpt, layout, record) for record in layout.optimizers)

@@ -128,7 +128,7 @@ def report_dict(audit: Audit) -> dict[str, Any]:
         ]
     if ckpt.aliases:
         report["aliases"] = dict(ckpt.aliases)
-    training = training_dict(ckpt)
+    training = training_dict(audit.graph)
     if training is not None:
         report["training"] = training
     return report

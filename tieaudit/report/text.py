@@ -175,7 +175,7 @@ def render_text(audit: Audit, color: bool = False, width: int = 120) -> str:
     console.print(table)
     if hidden:
         console.print(f"{hidden} smaller tensors not shown; --format json lists every tensor.")
-    for note in config_notes(ckpt) + training_lines(ckpt):
+    for note in config_notes(ckpt) + training_lines(audit.graph):
         console.print(Text(f"note: {note}"), highlight=False, soft_wrap=True)
     if ckpt.pickle_globals:
         console.print(Text(pickle_globals_line(ckpt.pickle_globals)), highlight=False, soft_wrap=True)
@@ -237,7 +237,7 @@ def render_check_text(result: CheckResult, color: bool = False, width: int = 120
             sep="",
             soft_wrap=True,
         )
-        for note in config_notes(ckpt) + training_lines(ckpt, brief=True):
+        for note in config_notes(ckpt) + training_lines(checked.audit.graph, brief=True):
             console.print(Text(f"  note: {note}", style="dim"), highlight=False, soft_wrap=True)
         for finding, accepted in zip(checked.audit.findings, checked.baselined, strict=True):
             console.print(

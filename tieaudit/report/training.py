@@ -6,26 +6,19 @@ from __future__ import annotations
 from typing import Any
 
 from tieaudit.core.escape import printable
-from tieaudit.core.records import Checkpoint
-from tieaudit.graph.optimizer_map import OptimizerMap, map_optimizer
+from tieaudit.graph.alias import AliasGraph
 
 MAX_LISTED_STATES = 10_000
 """Optimizer keys listed with their parameter in the JSON report (the counts cover them all)."""
 
 
-def _maps(ckpt: Checkpoint) -> list[OptimizerMap]:
-    layout = ckpt.training
-    if layout is None or layout.model_prefix is None or not layout.model_names:
-        return []
-    return [map_optimizer(ckpt, layout, record) for record in layout.optimizers]
-
-
-def training_dict(ckpt: Checkpoint) -> dict[str, Any] | None:
+def training_dict(graph: AliasGraph) -> dict[str, Any] | None:
     """The JSON report's ``training`` block (None for a checkpoint that is not a training one)."""
+    ckpt = graph.checkpoint
     layout = ckpt.training
     if layout is None:
         return None
-    maps = {m.optimizer.path: m for m in _maps(ckpt)}
+    maps = {m.optimizer.path: m for m in graph.optimizer_maps}
     optimizers = []
     for record in layout.optimizers:
         entry: dict[str, Any] = {
@@ -52,10 +45,10 @@ def training_dict(ckpt: Checkpoint) -> dict[str, Any] | None:
     }
 
 
-def training_lines(ckpt: Checkpoint, *, brief: bool = False) -> list[str]:
+def training_lines(graph: AliasGraph, *, brief: bool = False) -> list[str]:
     """Lines for the text reports (escaped): the layout and each optimizer's match (not when brief:
     ``check`` prints only what was not read or recognised), then each file not read."""
-    layout = ckpt.training
+    layout = graph.checkpoint.training
     if layout is None:
         return []
     lines = []
@@ -63,7 +56,7 @@ def training_lines(ckpt: Checkpoint, *, brief: bool = False) -> list[str]:
         weights = next((p.path for p in layout.parts if p.role == "model"), "the weights")
         model = "not recognised" if layout.model_prefix is None else (layout.model_prefix or weights)
         lines.append(f"training checkpoint ({layout.kind}): model = {model}")
-        maps = {m.optimizer.path: m for m in _maps(ckpt)}
+        maps = {m.optimizer.path: m for m in graph.optimizer_maps}
         for record in layout.optimizers:
             groups = f"{len(record.groups)} group{'s' if len(record.groups) != 1 else ''}"
             line = f"optimizer = {record.path or '(root)'}: {len(record.keys)} parameters in {groups}"

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tieaudit.core.records import Checkpoint
-from tieaudit.core.training import OptimizerRecord, ParamKey, TrainingLayout
-from tieaudit.graph.optimizer_map import OptimizerMap, Shape, map_optimizer
+from tieaudit.core.training import OptimizerRecord, ParamKey
+from tieaudit.graph.optimizer_map import OptimizerMap, Shape
 from tieaudit.rules.copies import group_relation
 from tieaudit.rules.finding import Audited, Finding, Rule
 
@@ -155,8 +155,8 @@ def _shape_findings(omap: OptimizerMap, explained: set[Shape]) -> Iterator[Findi
             )
 
 
-def _one_optimizer(audited: Audited, layout: TrainingLayout, record: OptimizerRecord) -> Iterator[Finding]:
-    omap = map_optimizer(audited.graph.checkpoint, layout, record)
+def _one_optimizer(audited: Audited, omap: OptimizerMap) -> Iterator[Finding]:
+    record = omap.optimizer
     explained: set[Shape] = set()
     tied_error = False
     for tie in tie_sets(audited, omap):
@@ -178,11 +178,8 @@ def _one_optimizer(audited: Audited, layout: TrainingLayout, record: OptimizerRe
 
 def optimizer_findings(audited: Audited) -> Iterator[Finding]:
     """TIE007 for every optimizer state dict of a training checkpoint with a recognised model part."""
-    layout = audited.graph.checkpoint.training
-    if layout is None or layout.model_prefix is None or not layout.model_names:
-        return
-    for record in layout.optimizers:
-        yield from _one_optimizer(audited, layout, record)
+    for omap in audited.graph.optimizer_maps:
+        yield from _one_optimizer(audited, omap)
 
 
 SPLIT = Rule(
