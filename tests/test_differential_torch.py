@@ -19,6 +19,7 @@ is the reference refusing). tieaudit reads each file in this process with its to
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -42,6 +43,8 @@ HOSTILE = ROOT / "fixtures" / "hostile"
 SUFFIXES = (".pt", ".pth", ".bin")
 TIMEOUT = 30.0
 """Seconds torch.load may take on one file before it counts as refusing (a hang)."""
+PARALLEL = 2
+"""Children at once: the CPUs CI has."""
 EXTRA_ADDRESS_SPACE = 3 << 30
 """Address space a torch.load child may add to the server's (torch's libraries are mapped already)."""
 TENSOR_SKIPS = ("meta tensor leaf", "tensor of dtype", "tensor with ")
@@ -118,8 +121,8 @@ def _address_space() -> int:
     return 4 << 30
 
 
-def _in_child(work: Callable[[], dict[str, Any]], result: str, limit: int) -> dict[str, Any] | None:
-    """work() in a forked child under an address-space cap and TIMEOUT; None when it died or hung."""
+def _fork(work: Callable[[], dict[str, Any]], result: str, limit: int) -> int:
+    """work() in a forked child under an address-space cap; its answer is written to result."""
     pid = os.fork()
     if pid == 0:
         code = 0
@@ -130,15 +133,36 @@ def _in_child(work: Callable[[], dict[str, Any]], result: str, limit: int) -> di
         except BaseException:
             code = 1
         os._exit(code)
-    began = time.monotonic()
-    while not os.waitpid(pid, os.WNOHANG)[0]:
-        if time.monotonic() - began > TIMEOUT:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            return None
-        time.sleep(0.01)
-    answer: dict[str, Any] | None = json.loads(Path(result).read_text()) if Path(result).exists() else None
-    return answer
+    return pid
+
+
+Job = tuple[Callable[[], dict[str, Any]], str]
+"""Work for one child, and the file its answer goes to."""
+
+
+def _run_children(jobs: list[Job], limit: int) -> list[dict[str, Any] | None]:
+    """Each job in a forked child, PARALLEL at a time, each killed after TIMEOUT; None for one that
+    died or hung. Two files torch.load never finishes (a pickle bomb, a shared fan-out) cost TIMEOUT
+    each: side by side with the rest they no longer add up."""
+    running: dict[int, tuple[int, float]] = {}
+    answers: list[dict[str, Any] | None] = [None] * len(jobs)
+    pending = list(range(len(jobs)))
+    while pending or running:
+        while pending and len(running) < PARALLEL:
+            index = pending.pop(0)
+            running[_fork(jobs[index][0], jobs[index][1], limit)] = (index, time.monotonic())
+        for pid, (index, began) in list(running.items()):
+            done = os.waitpid(pid, os.WNOHANG)[0]
+            if not done and time.monotonic() - began > TIMEOUT:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                del running[pid]
+            elif done:
+                del running[pid]
+                result = Path(jobs[index][1])
+                answers[index] = json.loads(result.read_text()) if result.exists() else None
+        time.sleep(0.005)
+    return answers
 
 
 def _serve(spec_path: str) -> int:
@@ -147,12 +171,26 @@ def _serve(spec_path: str) -> int:
     import torch
 
     torch.set_num_threads(1)
+    # Import and warm up both readers here, once: each forked child then starts with them loaded
+    # (importing in every child cost about half a second per file, most of the test's time).
+    import io
+
+    import tieaudit.formats.torch_file  # noqa: F401
+
+    warm = io.BytesIO()
+    torch.save({"w": torch.zeros(2)}, warm)
+    warm.seek(0)
+    torch.load(warm, weights_only=True)
     spec = json.loads(Path(spec_path).read_text())
     limit = _address_space() + EXTRA_ADDRESS_SPACE
+    jobs: list[Job] = []
+    for index, path in enumerate(spec["files"]):
+        jobs.append((functools.partial(_torch_load, torch, path), f"{spec_path}.{index}.torch.json"))
+        jobs.append((functools.partial(_tieaudit, Path(path)), f"{spec_path}.{index}.tieaudit.json"))
+    results = _run_children(jobs, limit)
     answers: dict[str, Any] = {}
     for index, path in enumerate(spec["files"]):
-        theirs = _in_child(lambda: _torch_load(torch, path), f"{spec_path}.{index}.torch.json", limit)  # noqa: B023
-        ours = _in_child(lambda: _tieaudit(Path(path)), f"{spec_path}.{index}.tieaudit.json", limit)  # noqa: B023
+        theirs, ours = results[2 * index], results[2 * index + 1]
         answers[path] = {
             "torch": theirs or {"accepted": False, "error": "torch.load died or hung"},
             "tieaudit": ours or vars(Reading(False, "tieaudit died or hung", {}, {}, crashed=True)),
