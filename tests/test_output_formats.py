@@ -175,7 +175,8 @@ def test_quiet_prints_only_failures(corpus: Corpus, capsys: pytest.CaptureFixtur
     out, err = checked([failing, "--fail-on", "error", "-f", "github"], capsys, 0)
     assert out.startswith("::warning ") and err.startswith("tieaudit: 1 checkpoint, 0 failing")
     assert checked([failing, "--fail-on", "error", "-f", "github", "-q"], capsys, 0) == ("", "")
-    assert checked([clean, "-q"], capsys, 0) == ("", "")
+    for fmt in ("text", "markdown", "github"):  # everything passes: nothing at all
+        assert checked([clean, "-q", "-f", fmt], capsys, 0) == ("", "")
 
 
 def test_sarif_is_written_when_every_path_is_unreadable(

@@ -147,7 +147,10 @@ def _counts(result: CheckResult) -> str:
 
 
 def render_markdown(result: CheckResult, *, quiet: bool = False) -> str:
-    """The check run as Markdown; quiet keeps only failing checkpoints and errors."""
+    """The check run as Markdown; quiet keeps only failing checkpoints and errors (nothing at all
+    when everything passed)."""
+    if quiet and verdict(result) == "ok":
+        return ""
     lines = [f"## tieaudit check: {verdict(result)}", "", _counts(result), ""]
     shown = [c for c in result.checked if c.failing or not quiet]
     clean: list[Checked] = []
