@@ -241,3 +241,21 @@ def test_the_readme_job_summary_recipe_appends_markdown(corpus: Corpus, tmp_path
     assert summary.read_text().startswith("earlier step\n## tieaudit check: FAIL\n")
     assert runs[0].stderr.startswith("tieaudit: 1 checkpoint, 1 failing")  # the log says why
     assert runs[1].stdout.startswith("::warning file=models/cloned.safetensors,title=TIE001 untied-copy::")
+
+
+def test_a_failure_after_the_report_keeps_the_report(
+    corpus: Corpus, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sarif = tmp_path / "out.sarif"
+    bad_baseline = tmp_path / "no-such-folder" / "baseline.json"
+    args = [str(corpus.path("st_cloned_head")), "-f", "sarif", "-o", str(sarif)]
+    out, err = checked([*args, "--write-baseline", str(bad_baseline)], capsys, 2)
+    assert "tieaudit: error: " in err and not bad_baseline.exists()
+    (run,) = json.loads(sarif.read_text())["runs"]
+    assert [r["ruleId"] for r in run["results"]] == ["TIE001"]  # not replaced by a report of the failure
+    # A bad policy file stops the run first: the SARIF says why.
+    (tmp_path / "bad.toml").write_text("[tool.tieaudit\n")
+    out, err = checked([*args, "--policy", str(tmp_path / "bad.toml")], capsys, 2)
+    (run,) = json.loads(sarif.read_text())["runs"]
+    (notice,) = run["invocations"][0]["toolExecutionNotifications"]
+    assert run["results"] == [] and err == f"tieaudit: error: {notice['message']['text']}\n"

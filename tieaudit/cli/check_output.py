@@ -14,6 +14,10 @@ if TYPE_CHECKING:
     from tieaudit.gate.check import CheckResult
     from tieaudit.report import CheckFormat
 
+WRITTEN = "tieaudit.check.report_written"
+"""Context meta key: the run's own report is out, so a later failure (writing the baseline) must
+not replace it with a report of the failure."""
+
 
 def show_check(
     result: CheckResult, fmt: CheckFormat, output: str | None, *, quiet: bool, show_files: bool
@@ -25,6 +29,7 @@ def show_check(
     if check_report_due(result, fmt):
         report = render_check(result, fmt, color=to_terminal(output), show_files=show_files, quiet=quiet)
         write_output(report, output)
+        click.get_current_context().meta[WRITTEN] = True
     for error in result.errors:
         echo_error(f"{error.path}: {error.message}")
     if not quiet:
@@ -48,8 +53,9 @@ def report_failures(command: F) -> F:
         except TieauditError as exc:
             from tieaudit.report import render_check_failure
 
+            context = click.get_current_context(silent=True)
             text = render_check_failure(str(exc), kwargs["fmt"])
-            if text is not None:
+            if text is not None and not (context is not None and context.meta.get(WRITTEN)):
                 try:
                     write_output(text, kwargs["output"])
                 except (TieauditError, OSError):
