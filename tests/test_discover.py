@@ -96,8 +96,9 @@ def test_unfollowable_links_are_one_error_each_and_the_rest_is_audited(tmp_path:
 
     done = run_cli(["check", "models", "--jobs", "1", "--format", "json", "-o", "r.json"], tmp_path)
     assert done.returncode == 2
-    lines = error_lines(done)
+    *lines, closing = error_lines(done)  # the closing line last, with -o and json too
     assert len(lines) == 4 and all(line.startswith("tieaudit: error: models/") for line in lines)
+    assert closing.startswith("tieaudit: 1 checkpoint, 1 failing, 4 errors, ")
     document = json.loads((tmp_path / "r.json").read_text())
     assert [r["path"] for r in document["reports"]] == ["models/good.safetensors"]
     assert len(document["errors"]) == 4
@@ -158,7 +159,8 @@ def test_unreadable_entries_are_one_error_each(tmp_path: Path) -> None:
         (root / "locked").chmod(0o755)
         (root / "unsearchable").chmod(0o755)
     assert done.returncode == 2
-    lines = error_lines(done)
+    *lines, closing = error_lines(done)
+    assert closing.startswith("tieaudit: 1 checkpoint, 1 failing, 3 errors, ")
     assert sorted(lines) == [
         "tieaudit: error: models/locked: cannot list folder: Permission denied",
         "tieaudit: error: models/unsearchable/b.safetensors: cannot read: Permission denied",

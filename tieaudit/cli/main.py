@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from tieaudit.report import CheckFormat, InspectFormat
     from tieaudit.rules.finding import Severity
 
+from tieaudit.cli.check_output import report_failures, show_check
 from tieaudit.cli.common import (
     echo_error,
     echo_note,
@@ -165,8 +166,16 @@ def _not_one_model(path: str, checkpoints: tuple[str, ...]) -> None:
     help="A Git LFS pointer named as a PATH (or a model folder holding one) is skipped with a note "
     "instead of being an error (the pre-commit hook sets it).",
 )
-@output_options(("text", "json", "sarif"))
+@click.option(
+    "--quiet",
+    "-q",
+    is_flag=True,
+    help="Only failures: the report keeps FAIL checkpoints and errors (json and sarif stay whole), "
+    "no notes on stderr, and the closing line only when something failed or could not be read.",
+)
+@output_options(("text", "json", "sarif", "markdown", "github"))
 @user_errors
+@report_failures
 def check(
     paths: tuple[str, ...],
     policy_path: str | None,
@@ -182,6 +191,7 @@ def check(
     exit_zero: bool,
     show_files: bool,
     skip_lfs_pointers: bool,
+    quiet: bool,
     fmt: CheckFormat,
     output: str | None,
 ) -> None:
@@ -214,6 +224,8 @@ def check(
       tieaudit check ./release-llama --fail-on error --format json -o audit.json
       tieaudit check models/ --exclude 'legacy/**' --jobs 4 --policy tieaudit.toml
       tieaudit check models/ --format sarif -o tieaudit.sarif
+      tieaudit check models/ --format markdown >> "$GITHUB_STEP_SUMMARY"
+      tieaudit check models/ --format github --quiet
       tieaudit check models/ --write-baseline tieaudit-baseline.json
       tieaudit check models/ --baseline tieaudit-baseline.json
       tieaudit check model.onnx --runtime
@@ -223,7 +235,6 @@ def check(
 
     from tieaudit.gate.baseline import fingerprint_root, load_baseline, write_baseline
     from tieaudit.gate.check import default_jobs, run_check
-    from tieaudit.report import check_summary_line, render_check
     from tieaudit.rules.policy import load_policy
 
     policy = load_policy(policy_path).overridden(fail_on, min_size, ignored)
@@ -238,21 +249,10 @@ def check(
         jobs=jobs or default_jobs(),
         baseline=baseline,
         fingerprint_root=root,
-        progress=sys.stderr.isatty(),
+        progress=sys.stderr.isatty() and not quiet,
         skip_lfs_pointers=skip_lfs_pointers,
     )
-    if result.checked:  # no report at all when every path was bad input: nothing is written
-        report = render_check(result, fmt, color=to_terminal(output), show_files=show_files)
-        write_output(report, output)
-    for error in result.errors:
-        echo_error(f"{error.path}: {error.message}")
-    for pointer in result.skipped_pointers:
-        echo_note(f"note: {pointer.path}: {pointer.message} (skipped: --skip-lfs-pointers)")
-    # skipped files are counted once something was audited (pointers named have their note; a lone
-    # error stays its one line)
-    walked_skips = result.checked and result.skipped_files > len(result.skipped_pointers)
-    if fmt == "text" and (len(result.checked) + len(result.errors) > 1 or walked_skips):
-        click.echo(check_summary_line(result), err=True)
+    show_check(result, fmt, output, quiet=quiet, show_files=show_files)
     code = result.exit_code(writing_baseline=write_baseline_path is not None, exit_zero=exit_zero)
     if write_baseline_path and code != ExitCode.BAD_INPUT:
         count = write_baseline(write_baseline_path, result.audits)

@@ -1,4 +1,5 @@
-"""Report renderers: text (people), json and sarif (machines), dot (Graphviz)."""
+"""Report renderers: text (people), json and sarif (machines), dot (Graphviz), markdown (a PR comment or
+job summary) and github (workflow-command annotations)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,14 @@ from tieaudit.gate.files import skipped_by_reason
 
 InspectFormat = Literal["text", "json", "dot"]
 """What ``inspect`` writes."""
-CheckFormat = Literal["text", "json", "sarif"]
+CheckFormat = Literal["text", "json", "sarif", "markdown", "github"]
 """What ``check`` writes."""
+CHECK_FORMATS: tuple[CheckFormat, ...] = ("text", "json", "sarif", "markdown", "github")
+"""``check --format`` choices, the default first."""
+ALWAYS_WRITTEN: frozenset[CheckFormat] = frozenset({"sarif", "markdown", "github"})
+"""Formats written even when no checkpoint could be audited: they feed CI surfaces (code scanning's
+upload, the job summary, annotations) that must show why the run failed. text and json are not:
+the error lines on stderr are the report, and a JSON consumer keeps 'bad input: nothing written'."""
 
 
 def render(audit: Audit, fmt: InspectFormat, *, color: bool = False) -> str:
@@ -67,20 +74,70 @@ def check_dict(result: CheckResult) -> dict[str, Any]:
 
 
 def render_check(
-    result: CheckResult, fmt: CheckFormat, *, color: bool = False, show_files: bool = False
+    result: CheckResult,
+    fmt: CheckFormat,
+    *,
+    color: bool = False,
+    show_files: bool = False,
+    quiet: bool = False,
 ) -> str:
-    """Render a check run as text, json (report/1 or check/1) or sarif; show_files adds the list of
-    files and their verdicts to the text (json always has it, as ``files``)."""
+    """Render a check run as text, json (report/1 or check/1), sarif, markdown or github; show_files
+    adds the list of files and their verdicts to the text (json always has it, as ``files``); quiet
+    keeps only failing checkpoints and errors in text, markdown and github (json and sarif are
+    records for machines and stay whole)."""
     if fmt == "json":
         return json.dumps(check_dict(result), indent=2) + "\n"
     if fmt == "sarif":
         from tieaudit.report.sarif import render_sarif
 
         return render_sarif(result)
+    if fmt == "markdown":
+        from tieaudit.report.markdown import render_markdown
+
+        return render_markdown(result, quiet=quiet)
+    if fmt == "github":
+        from tieaudit.report.github import render_github
+
+        return render_github(result, quiet=quiet)
     from tieaudit.report.text import render_check_text, render_files
 
-    text = render_check_text(result, color=color)
+    text = render_check_text(result, color=color, quiet=quiet)
     return text + render_files(result.files) if show_files else text
+
+
+def check_report_due(result: CheckResult, fmt: CheckFormat) -> bool:
+    """Whether the report is written: always for ALWAYS_WRITTEN, else when something was audited."""
+    return bool(result.checked) or fmt in ALWAYS_WRITTEN
+
+
+def render_check_failure(message: str, fmt: CheckFormat) -> str | None:
+    """The report of a run that stopped before auditing anything (nothing scanned, a bad policy or
+    baseline file), for the formats that are always written; None for text and json."""
+    if fmt == "sarif":
+        from tieaudit.report.sarif import render_sarif_failure
+
+        return render_sarif_failure(message)
+    if fmt == "markdown":
+        from tieaudit.report.markdown import render_markdown_failure
+
+        return render_markdown_failure(message)
+    if fmt == "github":
+        from tieaudit.report.github import render_github_failure
+
+        return render_github_failure(message)
+    return None
+
+
+def closing_line(result: CheckResult, *, quiet: bool = False) -> str | None:
+    """The summary line for stderr, whatever the format and wherever the report goes, so a CI log
+    always says why a run failed; None when it would add nothing: a run that audited nothing and
+    said so in one line (one error, or one skipped-pointer note), or, quiet, when nothing failed."""
+    summary = result.summary()
+    if quiet and not (summary.failing or summary.errors):
+        return None
+    if not result.checked and len(result.errors) + len(result.skipped_pointers) == 1:
+        return None
+    return check_summary_line(result)
 
 
 def check_summary_line(result: CheckResult) -> str:

@@ -69,7 +69,7 @@ def artifact_location(path: str, root: str) -> dict[str, str]:
     return {"uri": quote_from_bytes(_path_bytes(relative.replace(os.sep, "/"))), "uriBaseId": SRCROOT}
 
 
-def _finding_file(checked: Checked, finding: Finding) -> str:
+def finding_file(checked: Checked, finding: Finding) -> str:
     """The file a finding is about: the checkpoint file, or in a folder the file of its first
     stored tensor, else the config, else the first file read."""
     ckpt = checked.audit.graph.checkpoint
@@ -98,7 +98,7 @@ def _result(checked: Checked, index: int, root: str, *, baseline_name: str | Non
     ckpt = checked.audit.graph.checkpoint
     # Shown in code scanning's UI and logs: one escaped line, like the terminal gets.
     text = printable(finding.message + (f" Fix: {finding.fix}" if finding.fix else ""))
-    location = artifact_location(_finding_file(checked, finding), root)
+    location = artifact_location(finding_file(checked, finding), root)
     result: dict[str, Any] = {
         "ruleId": finding.rule,
         "ruleIndex": RULE_INDEX[finding.rule],
@@ -127,11 +127,6 @@ def _result(checked: Checked, index: int, root: str, *, baseline_name: str | Non
 def sarif_dict(result: CheckResult, root: str | None = None) -> dict[str, Any]:
     """The SARIF log as plain data; root is %SRCROOT% (default: the current folder)."""
     root = os.path.abspath(root or os.getcwd())
-    driver: dict[str, Any] = {"name": "tieaudit", "version": __version__, "semanticVersion": __version__}
-    information = _information_uri()
-    if information:
-        driver["informationUri"] = information
-    driver["rules"] = _rules()
     baseline_name = os.path.basename(result.baseline.path) if result.baseline else None
     notifications = [
         {
@@ -141,6 +136,21 @@ def sarif_dict(result: CheckResult, root: str | None = None) -> dict[str, Any]:
         }
         for error in result.errors
     ]
+    results = [
+        _result(checked, index, root, baseline_name=baseline_name)
+        for checked in result.checked
+        for index in range(len(checked.audit.findings))
+    ]
+    return _log(root, results, notifications)
+
+
+def _log(root: str, results: list[dict[str, Any]], notifications: list[dict[str, Any]]) -> dict[str, Any]:
+    """One run of tieaudit; executionSuccessful is false when a notification says what failed."""
+    driver: dict[str, Any] = {"name": "tieaudit", "version": __version__, "semanticVersion": __version__}
+    information = _information_uri()
+    if information:
+        driver["informationUri"] = information
+    driver["rules"] = _rules()
     return {
         "$schema": SARIF_SCHEMA,
         "version": "2.1.0",
@@ -149,13 +159,9 @@ def sarif_dict(result: CheckResult, root: str | None = None) -> dict[str, Any]:
                 "tool": {"driver": driver},
                 "originalUriBaseIds": {SRCROOT: {"uri": _file_uri(root).rstrip("/") + "/"}},
                 "invocations": [
-                    {"executionSuccessful": not result.errors, "toolExecutionNotifications": notifications}
+                    {"executionSuccessful": not notifications, "toolExecutionNotifications": notifications}
                 ],
-                "results": [
-                    _result(checked, index, root, baseline_name=baseline_name)
-                    for checked in result.checked
-                    for index in range(len(checked.audit.findings))
-                ],
+                "results": results,
             }
         ],
     }
@@ -164,3 +170,10 @@ def sarif_dict(result: CheckResult, root: str | None = None) -> dict[str, Any]:
 def render_sarif(result: CheckResult) -> str:
     """The SARIF log as indented JSON text."""
     return json.dumps(sarif_dict(result), indent=2) + "\n"
+
+
+def render_sarif_failure(message: str, root: str | None = None) -> str:
+    """The log of a run that stopped before auditing anything (nothing scanned, a bad policy file):
+    no results, one notification saying why, so an upload step still has a valid file to read."""
+    notification = {"level": "error", "message": {"text": _text(printable(message))}}
+    return json.dumps(_log(os.path.abspath(root or os.getcwd()), [], [notification]), indent=2) + "\n"

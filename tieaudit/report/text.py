@@ -218,11 +218,16 @@ def render_files(files: tuple[FileVerdict, ...]) -> str:
     return "".join(line + "\n" for line in lines)
 
 
-def render_check_text(result: CheckResult, color: bool = False, width: int = 120) -> str:
-    """One status line per checkpoint (ok, FAIL, ERROR) with its findings beneath."""
+def render_check_text(
+    result: CheckResult, color: bool = False, width: int = 120, *, quiet: bool = False
+) -> str:
+    """One status line per checkpoint (ok, FAIL, ERROR) with its findings beneath; quiet: FAIL and
+    ERROR lines only."""
     buffer = io.StringIO()
     console = Console(file=buffer, force_terminal=color, no_color=not color, width=width)
     for checked in result.checked:
+        if quiet and not checked.failing:
+            continue
         ckpt, summary = checked.audit.graph.checkpoint, checked.audit.summary()
         status = Text("FAIL ", style="bold red") if checked.failing else Text("ok   ", style="green")
         console.print(
