@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 from tieaudit.cli.common import (
     echo_error,
     echo_note,
+    from_cache,
     output_options,
     to_terminal,
     user_errors,
@@ -61,6 +62,7 @@ def inspect(path: str, fmt: InspectFormat, output: str | None) -> None:
     from tieaudit.audit import audit_path
     from tieaudit.report import render
 
+    path = from_cache(path)
     others: tuple[str, ...] = ()
     if os.path.isdir(path):
         from tieaudit.gate.discover import folder_checkpoints
@@ -221,6 +223,7 @@ def check(
     """
     import dataclasses
 
+    from tieaudit.formats.hf_cache import cache_note
     from tieaudit.gate.baseline import fingerprint_root, load_baseline, write_baseline
     from tieaudit.gate.check import default_jobs, run_check
     from tieaudit.report import check_summary_line, render_check
@@ -244,6 +247,8 @@ def check(
     if result.checked:  # no report at all when every path was bad input: nothing is written
         report = render_check(result, fmt, color=to_terminal(output), show_files=show_files)
         write_output(report, output)
+    for argument, snapshot in result.from_cache:
+        echo_note(cache_note(argument, snapshot))
     for error in result.errors:
         echo_error(f"{error.path}: {error.message}")
     for pointer in result.skipped_pointers:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tieaudit.cli.common import user_errors
+from tieaudit.cli.common import from_cache, user_errors
 from tieaudit.graph import DEFAULT_MIN_BYTES
 
 
@@ -114,6 +114,11 @@ def retie(
 
     if out is None and not dry_run:
         raise click.UsageError("OUT is required (only --dry-run may leave it out)")
+    given, source = source, from_cache(source, verb="read")
+    if in_place and source != given:
+        raise click.UsageError(
+            f"--in-place would rewrite the Hugging Face cache's {given}; give an OUT outside it"
+        )
     result = run_retie(
         source,
         out or source,

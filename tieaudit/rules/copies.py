@@ -9,10 +9,27 @@ from tieaudit.core.components import Components
 from tieaudit.core.records import Checkpoint
 from tieaudit.core.units import human_bytes
 from tieaudit.formats.capabilities import DEFAULT_RELATIONS, REPRESENTABLE
+from tieaudit.formats.hf_cache import snapshot_of
 from tieaudit.formats.layer_names import layer_template
 from tieaudit.formats.loaders import loader_rule
 from tieaudit.graph.detect import CopyGroup
 from tieaudit.rules.finding import Audited, Finding, Rule
+
+
+def retied_path(path: str) -> str:
+    """Where the suggested retie writes: beside the checkpoint, as NAME-retied; for a checkpoint in
+    a Hugging Face cache snapshot, the current folder instead (the cache is huggingface_hub's, and
+    its files are links into shared blobs), or OUT when the current folder is in a snapshot too."""
+    trimmed = path.rstrip("/") or path
+    stem, ext = os.path.splitext(os.path.basename(trimmed))
+    snapshot = snapshot_of(trimmed)
+    if snapshot is None:
+        return os.path.join(os.path.dirname(trimmed), f"{stem}-retied{ext}")
+    if snapshot_of(os.curdir) is not None:
+        return "OUT"
+    if os.path.realpath(trimmed) == os.path.realpath(snapshot.folder):  # the model folder itself
+        stem, ext = snapshot.repo_id.rsplit("/", 1)[-1], ""
+    return os.path.join(os.curdir, f"{stem}-retied{ext}")
 
 
 def _fix(ckpt: Checkpoint, relations: set[str]) -> str:
@@ -23,9 +40,7 @@ def _fix(ckpt: Checkpoint, relations: set[str]) -> str:
             f"a {ckpt.format} file cannot record a {' or '.join(missing)} copy; "
             "derive it from the wider tensor on load"
         )
-    trimmed = ckpt.path.rstrip("/") or ckpt.path
-    stem, ext = os.path.splitext(os.path.basename(trimmed))
-    out = os.path.join(os.path.dirname(trimmed), f"{stem}-retied{ext}")
+    out = retied_path(ckpt.path)
     extra = sorted(relations - DEFAULT_RELATIONS[ckpt.format])
     option = (
         f" --relations {','.join(sorted(set(DEFAULT_RELATIONS[ckpt.format]) | set(extra)))}" if extra else ""
