@@ -24,6 +24,7 @@ __all__ = [
     "cache_note",
     "cached_argument",
     "hub_cache_dir",
+    "in_hub_cache",
     "looks_like_repo_id",
     "resolve",
     "snapshot_of",
@@ -143,26 +144,45 @@ def resolve(argument: str, cache: str | None = None) -> CacheSnapshot:
     return CacheSnapshot(repo_id=repo_id, repo_folder=repo_folder, revision=commit, folder=folder)
 
 
-def _snapshot_in(path: str) -> CacheSnapshot | None:
+def _views(path: str) -> tuple[str, ...]:
+    """path as named, resolved, and with only its folder resolved (a snapshot's file resolves into
+    the blobs, its folder into the snapshot)."""
+    absolute = os.path.abspath(path)
+    folder = os.path.realpath(os.path.dirname(absolute))
+    return absolute, os.path.join(folder, os.path.basename(absolute)), os.path.realpath(absolute)
+
+
+def _layout(path: str, inner: tuple[str, ...]) -> tuple[str, list[str]] | None:
+    """(repository folder, parts below it) when path runs ``.../models--X/<one of inner>/...``."""
     parts = path.split(os.sep)
-    for i in range(len(parts) - 2, 0, -1):
-        match = REPO_FOLDER.fullmatch(parts[i - 1])
-        if parts[i] == "snapshots" and match and parts[i + 1]:
-            repo_folder = os.sep.join(parts[:i])
-            return CacheSnapshot(
-                repo_id=match.group(1).replace("--", "/"),
-                repo_folder=repo_folder,
-                revision=parts[i + 1],
-                folder=os.path.join(repo_folder, "snapshots", parts[i + 1]),
-            )
+    for i in range(len(parts) - 1, 0, -1):
+        if parts[i] in inner and REPO_FOLDER.fullmatch(parts[i - 1]):
+            return os.sep.join(parts[:i]), parts[i:]
     return None
 
 
 def snapshot_of(path: str) -> CacheSnapshot | None:
     """The hub cache snapshot path lies in (``.../models--ORG--NAME/snapshots/<revision>/...``), by
     its layout wherever the cache is, as named or through links; None elsewhere."""
-    absolute = os.path.abspath(path)
-    return _snapshot_in(absolute) or _snapshot_in(os.path.realpath(absolute))
+    for view in _views(path):
+        found = _layout(view, ("snapshots",))
+        if found is not None and len(found[1]) > 1 and found[1][1]:
+            repo_folder, below = found
+            match = REPO_FOLDER.fullmatch(os.path.basename(repo_folder))
+            assert match is not None
+            return CacheSnapshot(
+                repo_id=match.group(1).replace("--", "/"),
+                repo_folder=repo_folder,
+                revision=below[1],
+                folder=os.path.join(repo_folder, "snapshots", below[1]),
+            )
+    return None
+
+
+def in_hub_cache(path: str) -> bool:
+    """Whether path lies in a hub cache repository's snapshots, blobs or refs (by layout, as named
+    or through links): a place huggingface_hub owns, where nothing should be written."""
+    return any(_layout(view, ("snapshots", "blobs", "refs")) is not None for view in _views(path))
 
 
 def cached_argument(argument: str, cache: str | None = None) -> CacheSnapshot | None:
