@@ -96,6 +96,9 @@ def retie(
       once; ONNX Runtime's constant folding may materialise the transpose again at
       session creation (tieaudit runtime measures it). External data goes to OUT.data.
 
+    IN may be a repository id in the local Hugging Face cache (org/name[@revision], as
+    for check); --in-place is then refused.
+
     The output is written beside OUT, read back and compared with the input name by
     name, fsynced, then renamed into place. IN is never modified (with --in-place it
     becomes IN.bak). Exit 0 written and verified (or a dry-run plan); 2 otherwise,
