@@ -80,7 +80,7 @@ class PathError:
     """The path is external data of these ONNX models: covered when one of them is audited."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Discovery:
     """What the arguments name."""
 
@@ -348,7 +348,12 @@ def discover(arguments: Iterable[str], exclude: Iterable[str] = ()) -> Discovery
             targets.setdefault(os.path.abspath(target.path), target)
         for verdict in verdicts:
             files.setdefault(os.path.abspath(verdict.path), verdict)
-    return Discovery(tuple(targets.values()), tuple(errors), tuple(files.values()), tuple(from_cache))
+    return Discovery(
+        targets=tuple(targets.values()),
+        errors=tuple(errors),
+        files=tuple(files.values()),
+        from_cache=tuple(from_cache),
+    )
 
 
 def folder_checkpoints(folder: str) -> tuple[bool, tuple[str, ...]]:
