@@ -234,6 +234,18 @@ def test_retie_reads_from_the_cache_and_writes_elsewhere(
     code, _, err = cli(["retie", "org/llama", "org/llama", "--in-place"], capsys)
     assert code == 2
     assert err[-1].startswith("tieaudit: error: --in-place would rewrite the Hugging Face cache's org/llama")
+    snapshot = cache / "models--org--llama" / "snapshots" / COMMIT
+    for args in (  # named by path, the cache is refused as OUT too, never offered --in-place
+        [str(snapshot), str(snapshot)],
+        [str(snapshot), str(snapshot), "--in-place"],
+        [str(snapshot), str(snapshot.parent / "retied")],
+        [str(snapshot / "model.safetensors"), str(snapshot / "model.safetensors"), "--in-place"],
+    ):
+        code, _, err = cli(["retie", *args], capsys)
+        assert code == 2
+        assert err == [
+            f"tieaudit: error: {args[1]}: OUT lies in a Hugging Face cache; write it outside the cache"
+        ]
     assert listing(cache) == before
 
 
