@@ -272,3 +272,20 @@ def test_no_download_no_socket_no_huggingface_hub(cache: Path, tmp_path: Path) -
     report: dict[str, Any] = json.loads(result.read_text())
     assert [r["code"] for r in report["runs"]] == [1, 2, 0]
     assert report["import_attempts"] == report["sockets"] == report["loaded"] == []
+
+
+def test_a_baseline_names_a_cached_model_by_its_address_not_its_revision(
+    cache: Path, corpus: Corpus, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = cli(["check", "org/llama", "--jobs", "1", "--write-baseline", "base.json"], capsys)
+    assert code == 0, err
+    document = json.loads(Path("base.json").read_text())
+    assert [(e["path"], e["rule"]) for e in document["findings"]] == [("hf://org/llama", "TIE001")]
+    # a new revision holding the same copy: the baseline still accepts it, by path or by id
+    newer = add_snapshot(cache, "org/llama", corpus.path("hf_llama_cloned_head"), OTHER[::-1], ("v2",))
+    for argument in ("org/llama@v2", str(newer)):
+        code, out, err = cli(
+            ["check", argument, "--jobs", "1", "--baseline", "base.json", "-f", "json"], capsys
+        )
+        assert code == 0, err
+        assert [f["baselined"] for f in json.loads(out)["findings"]] == [True]

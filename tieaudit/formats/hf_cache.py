@@ -23,6 +23,7 @@ __all__ = [
     "CacheSnapshot",
     "cache_note",
     "cached_argument",
+    "hub_address",
     "hub_cache_dir",
     "in_hub_cache",
     "looks_like_repo_id",
@@ -161,22 +162,39 @@ def _layout(path: str, inner: tuple[str, ...]) -> tuple[str, list[str]] | None:
     return None
 
 
-def snapshot_of(path: str) -> CacheSnapshot | None:
-    """The hub cache snapshot path lies in (``.../models--ORG--NAME/snapshots/<revision>/...``), by
-    its layout wherever the cache is, as named or through links; None elsewhere."""
+def _snapshot_view(path: str) -> tuple[CacheSnapshot, list[str]] | None:
+    """The snapshot path lies in, and the parts of path below the snapshot folder."""
     for view in _views(path):
         found = _layout(view, ("snapshots",))
         if found is not None and len(found[1]) > 1 and found[1][1]:
             repo_folder, below = found
             match = REPO_FOLDER.fullmatch(os.path.basename(repo_folder))
             assert match is not None
-            return CacheSnapshot(
+            snapshot = CacheSnapshot(
                 repo_id=match.group(1).replace("--", "/"),
                 repo_folder=repo_folder,
                 revision=below[1],
                 folder=os.path.join(repo_folder, "snapshots", below[1]),
             )
+            return snapshot, [part for part in below[2:] if part]
     return None
+
+
+def snapshot_of(path: str) -> CacheSnapshot | None:
+    """The hub cache snapshot path lies in (``.../models--ORG--NAME/snapshots/<revision>/...``), by
+    its layout wherever the cache is, as named or through links; None elsewhere."""
+    found = _snapshot_view(path)
+    return found[0] if found is not None else None
+
+
+def hub_address(path: str) -> str | None:
+    """``hf://ORG/NAME[/file]`` for a path in a cache snapshot (huggingface_hub's HfFileSystem
+    spelling): the same for every revision and every machine's cache; None elsewhere."""
+    found = _snapshot_view(path)
+    if found is None:
+        return None
+    snapshot, inner = found
+    return "/".join([f"hf://{snapshot.repo_id}", *inner])
 
 
 def in_hub_cache(path: str) -> bool:
