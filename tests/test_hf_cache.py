@@ -156,6 +156,23 @@ def test_a_repo_id_the_cache_lacks_is_one_error_and_never_a_download(
     ]
 
 
+def test_a_ref_that_is_no_regular_file_or_too_long_names_no_snapshot(cache: Path) -> None:
+    refs = cache / "models--org--llama" / "refs"
+    (refs / "main").unlink()
+    os.mkfifo(refs / "main")  # never waited on
+    with pytest.raises(InputError, match="revision main of org/llama is not in"):
+        resolve("org/llama", str(cache))
+    (refs / "main").unlink()
+    (refs / "main").write_text(COMMIT + " " * 1024)
+    with pytest.raises(InputError, match="revision main of org/llama is not in"):
+        resolve("org/llama", str(cache))
+    (refs / "main").write_text("../../../elsewhere")
+    with pytest.raises(InputError, match="revision main of org/llama is not in"):
+        resolve("org/llama", str(cache))
+    (refs / "main").write_text(COMMIT + "\n")  # a trailing newline (written by hand) is fine
+    assert resolve("org/llama", str(cache)).revision == COMMIT
+
+
 @pytest.mark.parametrize(
     "missing", ["models/", "./llama", "missing.safetensors", "a/b/c", "org/x--y", "../up"]
 )

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from tieaudit.core.errors import InputError
 from tieaudit.core.escape import printable
+from tieaudit.core.limits import NotRegularFile, TooLarge, read_limited
 
 __all__ = [
     "CacheSnapshot",
@@ -104,13 +105,14 @@ def _inside(path: str, root: str) -> bool:
 
 
 def _read_ref(path: str) -> str | None:
+    """The commit a refs/ file names; None when there is no such regular file (a FIFO is never
+    waited on) or it holds no plausible snapshot name."""
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_REF_BYTES + 1)
-    except OSError:
+        data = read_limited(path, MAX_REF_BYTES, os.path.basename(path))
+    except (TooLarge, NotRegularFile, OSError):
         return None
     text = data.decode("utf-8", "replace").strip()
-    return text if len(data) <= MAX_REF_BYTES and _safe_revision(text) and "/" not in text else None
+    return text if _safe_revision(text) and "/" not in text else None
 
 
 def resolve(argument: str, cache: str | None = None) -> CacheSnapshot:
