@@ -30,6 +30,11 @@ def show_check(
         report = render_check(result, fmt, color=to_terminal(output), show_files=show_files, quiet=quiet)
         write_output(report, output)
         click.get_current_context().meta[WRITTEN] = True
+    if not quiet:
+        from tieaudit.formats.hf_cache import cache_note
+
+        for argument, snapshot in result.from_cache:
+            echo_note(cache_note(argument, snapshot))
     for error in result.errors:
         echo_error(f"{error.path}: {error.message}")
     if not quiet:

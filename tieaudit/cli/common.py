@@ -51,6 +51,18 @@ def user_errors(command: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def from_cache(path: str, *, verb: str = "audited") -> str:
+    """PATH, or the Hugging Face cache snapshot it names as a repository id (with a note saying
+    which); an id the cache lacks is an InputError."""
+    from tieaudit.formats.hf_cache import cache_note, cached_argument
+
+    snapshot = cached_argument(path)
+    if snapshot is None:
+        return path
+    echo_note(cache_note(path, snapshot, verb=verb))
+    return snapshot.folder
+
+
 STDOUT = "-"
 """``-o -``: the report goes to stdout, as without -o."""
 

@@ -16,6 +16,7 @@ from tieaudit.cli.check_output import report_failures, show_check
 from tieaudit.cli.common import (
     echo_error,
     echo_note,
+    from_cache,
     output_options,
     to_terminal,
     user_errors,
@@ -49,7 +50,8 @@ def inspect(path: str, fmt: InspectFormat, output: str | None) -> None:
     """Show which names share one storage, which ties are declared, and the tensors.
 
     PATH is a PyTorch .pt/.pth/.bin file, a .safetensors file, an .onnx model or a
-    Hugging Face model folder; the format is found from the content. Tensor bytes are
+    Hugging Face model folder, or a repository id in the local Hugging Face cache
+    (org/name[@revision], read offline); the format is found from the content. Tensor bytes are
     not read to build the alias graph; pickles are parsed, never run. A folder that is
     not one model is refused with the list of checkpoints `check` audits in it.
 
@@ -62,6 +64,7 @@ def inspect(path: str, fmt: InspectFormat, output: str | None) -> None:
     from tieaudit.audit import audit_path
     from tieaudit.report import render
 
+    path = from_cache(path)
     others: tuple[str, ...] = ()
     if os.path.isdir(path):
         from tieaudit.gate.discover import folder_checkpoints
@@ -202,7 +205,10 @@ def check(
     folders (hidden folders skipped); in a model folder, every file its reader does not
     read (an onnx/ export, a variant safetensors, a .ckpt) is audited on its own. Every
     other file is skipped with a reason, counted in the closing line (--show-files lists
-    them). Checkpoints are audited in parallel, in --jobs processes.
+    them). Checkpoints are audited in parallel, in --jobs processes. A PATH that does
+    not exist and reads as a repository id (org/name[@revision]) is its snapshot in the
+    local Hugging Face cache ($HF_HUB_CACHE, else $HF_HOME/hub), read offline, never
+    downloaded; a note names the snapshot audited.
 
     Finds copies that should be ties (TIE001: equal, transposed, or cast to lower
     precision), declared ties that are broken (TIE002) or orphaned (TIE003),
@@ -230,6 +236,7 @@ def check(
       tieaudit check models/ --baseline tieaudit-baseline.json
       tieaudit check model.onnx --runtime
       tieaudit check ./hf-repo --show-files
+      tieaudit check meta-llama/Llama-3.2-1B@main
     """
     import dataclasses
 

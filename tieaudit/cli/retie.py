@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tieaudit.cli.common import user_errors
+from tieaudit.cli.common import from_cache, user_errors
 from tieaudit.graph import DEFAULT_MIN_BYTES
 
 
@@ -96,6 +96,9 @@ def retie(
       once; ONNX Runtime's constant folding may materialise the transpose again at
       session creation (tieaudit runtime measures it). External data goes to OUT.data.
 
+    IN may be a repository id in the local Hugging Face cache (org/name[@revision], as
+    for check); --in-place is then refused.
+
     The output is written beside OUT, read back and compared with the input name by
     name, fsynced, then renamed into place. IN is never modified (with --in-place it
     becomes IN.bak). Exit 0 written and verified (or a dry-run plan); 2 otherwise,
@@ -114,6 +117,11 @@ def retie(
 
     if out is None and not dry_run:
         raise click.UsageError("OUT is required (only --dry-run may leave it out)")
+    given, source = source, from_cache(source, verb="read")
+    if in_place and source != given:
+        raise click.UsageError(
+            f"--in-place would rewrite the Hugging Face cache's {given}; give an OUT outside it"
+        )
     result = run_retie(
         source,
         out or source,

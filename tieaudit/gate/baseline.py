@@ -2,7 +2,9 @@
 
 A finding's fingerprint is the sha256 of the compact JSON array ``[path, rule, sorted names]``,
 path relative to the baseline file's folder with / separators: it survives moving the checkout
-and changes when the finding moves to another checkpoint, rule or set of tensors. A file name that
+and changes when the finding moves to another checkpoint, rule or set of tensors. A checkpoint in a
+Hugging Face cache snapshot is named ``hf://ORG/NAME[/file]`` instead: a new revision of the model
+keeps the findings it shares with the one baselined. A file name that
 is not UTF-8 (its bytes decoded with surrogate escapes) or a tensor name holding a lone surrogate
 is hashed with the surrogates encoded as they are (``surrogatepass``), and written to the file as
 ``\udcff`` JSON escapes: every finding has a fingerprint and the file stays valid UTF-8.
@@ -22,6 +24,7 @@ from tieaudit.core.errors import UsageError
 from tieaudit.core.globs import posix_relative
 from tieaudit.core.limits import NotRegularFile, TooLarge, nesting_depth_exceeds, parse_failure, read_limited
 from tieaudit.core.version import __version__
+from tieaudit.formats.hf_cache import hub_address
 
 if TYPE_CHECKING:
     from tieaudit.audit import Audit
@@ -68,8 +71,9 @@ class Entry:
 
 
 def entry(path: str, rule: str, names: Sequence[str], *, root: str) -> Entry:
-    """The baseline entry for a finding of the checkpoint at path."""
-    return Entry(posix_relative(path, root), rule, tuple(sorted(names)))
+    """The baseline entry for a finding of the checkpoint at path (in a Hugging Face cache
+    snapshot: its ``hf://ORG/NAME[/file]`` address, the same for every revision and machine)."""
+    return Entry(hub_address(path) or posix_relative(path, root), rule, tuple(sorted(names)))
 
 
 def fingerprint(path: str, rule: str, names: Sequence[str], *, root: str) -> str:

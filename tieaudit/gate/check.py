@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from tieaudit.audit import Audit, audit_path
 from tieaudit.core.errors import ExternalDataError, LfsPointerError, TieauditError, UsageError
 from tieaudit.core.exit_codes import ExitCode
+from tieaudit.formats.hf_cache import CacheSnapshot
 from tieaudit.gate.baseline import Baseline, fingerprint
 from tieaudit.gate.discover import PathError, discover
 from tieaudit.gate.files import LFS_POINTER, FileVerdict
@@ -85,6 +86,8 @@ class CheckResult:
     """Every file under the paths given (and every folder not entered), with its verdict."""
     skipped_pointers: tuple[PathError, ...] = ()
     """Checkpoints that are Git LFS pointers (or hold one), skipped under --skip-lfs-pointers."""
+    from_cache: tuple[tuple[str, CacheSnapshot], ...] = ()
+    """Repository ids given as PATHs, with the Hugging Face cache snapshot audited for each."""
 
     @property
     def skipped_files(self) -> int:
@@ -324,6 +327,7 @@ def run_check(
         stale=len(accepted - seen),
         files=final_verdicts(found.files, found.targets, resolved),
         skipped_pointers=tuple(pointers),
+        from_cache=found.from_cache,
     )
 
 

@@ -6,7 +6,8 @@ any folder: an ``onnx/`` export, a ``model.fp16.safetensors`` beside ``model.saf
 ``.ckpt`` are audited on their own. Every file found gets a verdict (``gate.files``). A walk never
 follows a link to a folder, follows a link to a file only when the file lies inside the folder
 given, and turns every entry it cannot read into one error for that entry (a link loop, a link
-target too long, no permission): the other paths are still audited.
+target too long, no permission): the other paths are still audited. An argument that is no path
+but a repository id (``org/name[@revision]``) is the snapshot the Hugging Face cache holds for it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 from tieaudit.core.errors import InputError, UsageError
 from tieaudit.core.globs import compile_glob, glob_matches, posix_relative
+from tieaudit.formats.hf_cache import CacheSnapshot, cached_argument
 from tieaudit.formats.hf_covered import covered_files
 from tieaudit.formats.hf_dir import SAFE_INDEX, TORCH_INDEX, TORCH_SINGLE, hub_blobs
 from tieaudit.formats.hf_ties import CONFIG
@@ -78,7 +80,7 @@ class PathError:
     """The path is external data of these ONNX models: covered when one of them is audited."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Discovery:
     """What the arguments name."""
 
@@ -88,6 +90,9 @@ class Discovery:
     """Folders that could not be listed, entries that could not be read or lead outside."""
     files: tuple[FileVerdict, ...] = ()
     """Every file found (and every folder not entered), in walk order, with its verdict so far."""
+    from_cache: tuple[tuple[str, CacheSnapshot], ...] = ()
+    """Arguments that name no path but a repository in the Hugging Face cache, with the snapshot
+    searched in their place (``formats.hf_cache``)."""
 
 
 def _skipped_name(name: str) -> str:
@@ -319,7 +324,19 @@ def discover(arguments: Iterable[str], exclude: Iterable[str] = ()) -> Discovery
     targets: dict[str, Target] = {}
     errors: list[PathError] = []
     files: dict[str, FileVerdict] = {}
-    for argument in arguments:
+    from_cache: list[tuple[str, CacheSnapshot]] = []
+    for given in arguments:
+        try:
+            snapshot = cached_argument(given)
+        except InputError as exc:  # an id the cache lacks: this argument's error, the others go on
+            errors.append(PathError(path=given, message=exc.message))
+            files.setdefault(
+                os.path.abspath(given), FileVerdict(path=given, verdict="error", reason=exc.message)
+            )
+            continue
+        if snapshot is not None:
+            from_cache.append((given, snapshot))
+        argument = snapshot.folder if snapshot is not None else given
         if os.path.isdir(argument):
             walk = _Walk(argument, patterns, errors)
             found: Iterable[Target] = list(walk.targets())
@@ -331,7 +348,12 @@ def discover(arguments: Iterable[str], exclude: Iterable[str] = ()) -> Discovery
             targets.setdefault(os.path.abspath(target.path), target)
         for verdict in verdicts:
             files.setdefault(os.path.abspath(verdict.path), verdict)
-    return Discovery(tuple(targets.values()), tuple(errors), tuple(files.values()))
+    return Discovery(
+        targets=tuple(targets.values()),
+        errors=tuple(errors),
+        files=tuple(files.values()),
+        from_cache=tuple(from_cache),
+    )
 
 
 def folder_checkpoints(folder: str) -> tuple[bool, tuple[str, ...]]:

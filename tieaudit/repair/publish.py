@@ -30,6 +30,7 @@ from tieaudit.core.fsops import (
     rename_noreplace,
     same_entry,
 )
+from tieaudit.formats.hf_cache import in_hub_cache
 
 STAGE_INFIX = ".tieaudit-stage-"
 BACKUP_SUFFIX = ".bak"
@@ -100,6 +101,8 @@ def check_paths(source: str, out: str, in_place: bool) -> RetiePaths:
     if ends_in_folder_marker(out):
         raise UsageError("OUT must end in the name of the file or folder to create, not in '/' or '.'", out)
     dst = resolve(out, "OUT")
+    if in_hub_cache(dst.path):  # huggingface_hub's: its snapshots are links into shared blobs
+        raise UsageError("OUT lies in a Hugging Face cache; write it outside the cache", out)
     in_stat = os.stat(src.path)
     if _lstat(dst.path) is not None:
         same = os.path.exists(dst.path) and same_entry(os.stat(dst.path), in_stat)
