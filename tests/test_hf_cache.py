@@ -83,7 +83,11 @@ def test_check_a_repo_id_audits_the_snapshot_refs_main_names(
     code, out, err = cli(["check", "org/llama", "--jobs", "1", "--format", "json"], capsys)
     repo = cache / "models--org--llama"
     assert code == 1, err  # the cloned head
-    assert err == [f"tieaudit: note: org/llama: audited snapshot {COMMIT} from {repo}"]
+    assert err[0] == f"tieaudit: note: org/llama: audited snapshot {COMMIT} from {repo}"
+    assert err[1:] == [  # the closing line (generation_config.json is no checkpoint)
+        "tieaudit: 1 checkpoint, 1 failing, 0 errors, 32.0 KiB wasted; "
+        "1 file skipped (1 not a checkpoint format)"
+    ], err
     document = json.loads(out)
     assert document["path"] == str(repo / "snapshots" / COMMIT)  # the real path, as read
     (finding,) = document["findings"]
