@@ -178,7 +178,8 @@ def test_wasted_bytes_cap_is_tie009_per_path(corpus: Corpus, tmp_path: Path) -> 
         "path = 'models'",
         "max-wasted-bytes = -5",
         "max-wasted-bytes = true",
-        "[[path]]\nglob = 'x'\nmax-wasted-bytes = '1 GB'",
+        "[[path]]\nglob = 'x'\nmax-wasted-bytes = '1 G'",  # ambiguous: GB or GiB
+        "max-wasted-bytes = 'lots'",
     ],
 )
 def test_path_entry_mistakes_are_usage_errors(text: str, tmp_path: Path) -> None:

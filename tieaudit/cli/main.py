@@ -13,8 +13,10 @@ if TYPE_CHECKING:
     from tieaudit.rules.finding import Severity
 
 from tieaudit.cli.common import (
+    SizeParam,
     echo_error,
     echo_note,
+    echo_warning,
     output_options,
     to_terminal,
     user_errors,
@@ -91,14 +93,14 @@ def _not_one_model(path: str, checkpoints: tuple[str, ...]) -> None:
 
 
 @cli.command()
-@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.argument("paths", nargs=-1, type=click.Path())
 @click.option(
     "--policy",
     "policy_path",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Policy file: tieaudit.toml, or pyproject.toml with [tool.tieaudit]. "
-    "Default: tieaudit.toml or pyproject.toml in the current folder, if any.",
+    help="Policy file: tieaudit.toml, or pyproject.toml with [tool.tieaudit]. Default: the first "
+    "folder from the current one up to the repository root (.git) holding either (both: an error).",
 )
 @click.option(
     "--fail-on",
@@ -108,23 +110,26 @@ def _not_one_model(path: str, checkpoints: tuple[str, ...]) -> None:
 )
 @click.option(
     "--min-size",
-    type=click.IntRange(min=0),
+    type=SizeParam(),
     default=None,
-    help=f"Tensors smaller than this many bytes are never copy candidates. [default: {DEFAULT_MIN_BYTES}]",
+    metavar="SIZE",
+    help="Tensors smaller than this are never copy candidates: bytes, or 1MB (10^6), 1MiB (2^20). "
+    f"[default: policy, else {DEFAULT_MIN_BYTES}]",
 )
 @click.option(
     "--ignore",
     "ignored",
     multiple=True,
     metavar="RULE",
-    help="Do not report this rule id (repeatable), e.g. --ignore TIE004.",
+    help="Do not report this rule id, in any letter case (repeatable), e.g. --ignore TIE004.",
 )
 @click.option(
     "--exclude",
     multiple=True,
     metavar="GLOB",
-    help="Skip what a folder argument holds whose relative path or name matches (repeatable; "
-    "** spans folders). Paths named on the command line are always checked.",
+    help="Skip what a folder argument holds whose path or name matches (repeatable; ** spans "
+    "folders). Relative to the policy file's folder, else the current folder, as [[path]] globs; "
+    "a pattern matching nothing is a warning. Paths named on the command line are always checked.",
 )
 @click.option(
     "--jobs",
@@ -160,6 +165,12 @@ def _not_one_model(path: str, checkpoints: tuple[str, ...]) -> None:
     "error. --format json always lists them, as files.",
 )
 @click.option(
+    "--show-settings",
+    is_flag=True,
+    help="Print the settings in force (policy file found, every key with its value and where it "
+    "came from: the file, the command line or the default) and exit 0 without auditing.",
+)
+@click.option(
     "--skip-lfs-pointers",
     is_flag=True,
     help="A Git LFS pointer named as a PATH (or a model folder holding one) is skipped with a note "
@@ -181,6 +192,7 @@ def check(
     runtime: bool,
     exit_zero: bool,
     show_files: bool,
+    show_settings: bool,
     skip_lfs_pointers: bool,
     fmt: CheckFormat,
     output: str | None,
@@ -212,12 +224,13 @@ def check(
     Examples:
       tieaudit check model.safetensors
       tieaudit check ./release-llama --fail-on error --format json -o audit.json
-      tieaudit check models/ --exclude 'legacy/**' --jobs 4 --policy tieaudit.toml
+      tieaudit check models/ --exclude 'models/legacy/**' --jobs 4 --policy tieaudit.toml
       tieaudit check models/ --format sarif -o tieaudit.sarif
       tieaudit check models/ --write-baseline tieaudit-baseline.json
       tieaudit check models/ --baseline tieaudit-baseline.json
       tieaudit check model.onnx --runtime
       tieaudit check ./hf-repo --show-files
+      tieaudit check --show-settings
     """
     import dataclasses
 
@@ -229,6 +242,13 @@ def check(
     policy = load_policy(policy_path).overridden(fail_on, min_size, ignored)
     if runtime:
         policy = dataclasses.replace(policy, runtime=True)
+    if show_settings:
+        from tieaudit.report.settings import render_settings
+
+        write_output(render_settings(policy, exclude=exclude), output)
+        return
+    if not paths:
+        raise click.UsageError("Missing argument 'PATHS...' (only --show-settings runs without one)")
     baseline = load_baseline(baseline_path) if baseline_path else None
     root = fingerprint_root(baseline, write_baseline_path)
     result = run_check(
@@ -241,6 +261,8 @@ def check(
         progress=sys.stderr.isatty(),
         skip_lfs_pointers=skip_lfs_pointers,
     )
+    for warning in result.warnings:
+        echo_warning(warning)
     if result.checked:  # no report at all when every path was bad input: nothing is written
         report = render_check(result, fmt, color=to_terminal(output), show_files=show_files)
         write_output(report, output)

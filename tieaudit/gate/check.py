@@ -17,7 +17,7 @@ from tieaudit.audit import Audit, audit_path
 from tieaudit.core.errors import ExternalDataError, LfsPointerError, TieauditError, UsageError
 from tieaudit.core.exit_codes import ExitCode
 from tieaudit.gate.baseline import Baseline, fingerprint
-from tieaudit.gate.discover import PathError, discover
+from tieaudit.gate.discover import Discovery, PathError, discover
 from tieaudit.gate.files import LFS_POINTER, FileVerdict
 from tieaudit.gate.progress import ProgressBar
 from tieaudit.gate.verdicts import data_covered, final_verdicts, lfs_skip
@@ -85,6 +85,9 @@ class CheckResult:
     """Every file under the paths given (and every folder not entered), with its verdict."""
     skipped_pointers: tuple[PathError, ...] = ()
     """Checkpoints that are Git LFS pointers (or hold one), skipped under --skip-lfs-pointers."""
+    warnings: tuple[str, ...] = ()
+    """Options that did nothing or matched in a way that will change: an --exclude pattern or a
+    policy [[path]] glob that matched nothing, an --exclude written relative to a PATH argument."""
 
     @property
     def skipped_files(self) -> int:
@@ -273,7 +276,7 @@ def run_check(
 ) -> CheckResult:
     """Audit every checkpoint the arguments name; a bad path is recorded, never stops the others.
     With skip_lfs_pointers a Git LFS pointer (or a model folder holding one) is skipped, not an error."""
-    found = discover(arguments, exclude)
+    found = discover(arguments, exclude, base=policy.root)
     if not found.targets and not found.errors:
         raise UsageError(
             f"nothing scanned: no checkpoints under {', '.join(arguments)}{_why_none(found.files, exclude)}"
@@ -324,7 +327,21 @@ def run_check(
         stale=len(accepted - seen),
         files=final_verdicts(found.files, found.targets, resolved),
         skipped_pointers=tuple(pointers),
+        warnings=_warnings(found, policy, arguments, exclude=exclude),
     )
+
+
+def _warnings(
+    found: Discovery, policy: Policy, arguments: Sequence[str], *, exclude: Sequence[str]
+) -> tuple[str, ...]:
+    """What matched nothing (or matched only by the old --exclude base), one line each."""
+    lines = list(found.excludes.warnings(exclude, arguments)) if found.excludes else []
+    for glob in policy.unmatched_globs(t.path for t in found.targets):
+        lines.append(
+            f"{policy.source}: [[path]] glob '{glob}' matched no checkpoint audited "
+            f"(globs are relative to {policy.root}, or name a file or folder alone)"
+        )
+    return tuple(lines)
 
 
 def _why_none(files: Sequence[FileVerdict], exclude: Sequence[str]) -> str:

@@ -7,6 +7,10 @@ any folder: an ``onnx/`` export, a ``model.fp16.safetensors`` beside ``model.saf
 follows a link to a folder, follows a link to a file only when the file lies inside the folder
 given, and turns every entry it cannot read into one error for that entry (a link loop, a link
 target too long, no permission): the other paths are still audited.
+
+``--exclude`` patterns are relative to one base, as the policy's ``[[path]]`` globs are: the policy
+file's folder, or the current folder when there is none. A pattern written relative to the PATH
+argument (the base before) still applies where the base misses, and the run says how to write it.
 """
 
 from __future__ import annotations
@@ -16,12 +20,13 @@ import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from tieaudit.core.errors import InputError, UsageError
-from tieaudit.core.globs import compile_glob, glob_matches, posix_relative
+from tieaudit.core.errors import InputError
+from tieaudit.core.globs import glob_matches, posix_relative
 from tieaudit.formats.hf_covered import covered_files
 from tieaudit.formats.hf_dir import SAFE_INDEX, TORCH_INDEX, TORCH_SINGLE, hub_blobs
 from tieaudit.formats.hf_ties import CONFIG
 from tieaudit.formats.magic import is_lfs_pointer, might_be_torch, read_head
+from tieaudit.gate.excludes import ExcludeMatches, check_excludes
 from tieaudit.gate.files import (
     EXCLUDED,
     HIDDEN,
@@ -88,6 +93,8 @@ class Discovery:
     """Folders that could not be listed, entries that could not be read or lead outside."""
     files: tuple[FileVerdict, ...] = ()
     """Every file found (and every folder not entered), in walk order, with its verdict so far."""
+    excludes: ExcludeMatches | None = None
+    """What each --exclude pattern matched (None without patterns)."""
 
 
 def _skipped_name(name: str) -> str:
@@ -140,10 +147,13 @@ class _Walk:
     """A depth-first walk of one folder argument, without recursion (a deep tree cannot exhaust
     the stack) and without entering a folder twice (bind mounts cannot make it endless)."""
 
-    def __init__(self, root: str, exclude: tuple[str, ...], errors: list[PathError]) -> None:
+    def __init__(
+        self, root: str, exclude: tuple[str, ...], errors: list[PathError], matches: ExcludeMatches
+    ) -> None:
         self.root = root
         self.real_root = os.path.realpath(root)
         self.exclude = exclude
+        self.matches = matches
         self.errors = errors
         self.files: list[FileVerdict] = []
         self.covered: dict[str, str] = {}
@@ -245,8 +255,7 @@ class _Walk:
 
     def _excluded(self, entry: os.DirEntry[str]) -> str:
         """The first --exclude pattern matching the entry, or empty."""
-        relative = posix_relative(entry.path, self.root)
-        return next((pattern for pattern in self.exclude if glob_matches(pattern, relative)), "")
+        return self.matches.first_match(entry.path, self.root, self.exclude) if self.exclude else ""
 
     def _covered(self, entry: os.DirEntry[str]) -> bool:
         model = self.covered.get(os.path.abspath(entry.path))
@@ -301,27 +310,17 @@ class _Walk:
                 yield self._audited(self._target(entry.path))
 
 
-def check_excludes(exclude: Iterable[str]) -> tuple[str, ...]:
-    """The --exclude patterns, each checked before anything is walked."""
-    patterns = tuple(exclude)
-    try:
-        for pattern in patterns:
-            compile_glob(pattern)
-    except UsageError as exc:
-        raise UsageError(exc.message, "--exclude") from exc
-    return patterns
-
-
-def discover(arguments: Iterable[str], exclude: Iterable[str] = ()) -> Discovery:
+def discover(arguments: Iterable[str], exclude: Iterable[str] = (), *, base: str = ".") -> Discovery:
     """Targets for the arguments: files and model folders as given, other folders walked; every
-    file found, with its verdict."""
+    file found, with its verdict. base: the folder --exclude patterns are relative to."""
     patterns = check_excludes(exclude)
+    matches = ExcludeMatches(base)
     targets: dict[str, Target] = {}
     errors: list[PathError] = []
     files: dict[str, FileVerdict] = {}
     for argument in arguments:
         if os.path.isdir(argument):
-            walk = _Walk(argument, patterns, errors)
+            walk = _Walk(argument, patterns, errors, matches)
             found: Iterable[Target] = list(walk.targets())
             verdicts = walk.files
         else:  # a file, or a missing path: the audit says what is wrong with it
@@ -331,7 +330,8 @@ def discover(arguments: Iterable[str], exclude: Iterable[str] = ()) -> Discovery
             targets.setdefault(os.path.abspath(target.path), target)
         for verdict in verdicts:
             files.setdefault(os.path.abspath(verdict.path), verdict)
-    return Discovery(tuple(targets.values()), tuple(errors), tuple(files.values()))
+    excludes = matches if patterns else None
+    return Discovery(tuple(targets.values()), tuple(errors), tuple(files.values()), excludes=excludes)
 
 
 def folder_checkpoints(folder: str) -> tuple[bool, tuple[str, ...]]:
