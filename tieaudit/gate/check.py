@@ -19,6 +19,7 @@ from tieaudit.core.exit_codes import ExitCode
 from tieaudit.gate.baseline import Baseline, fingerprint
 from tieaudit.gate.discover import Discovery, PathError, discover
 from tieaudit.gate.files import LFS_POINTER, FileVerdict
+from tieaudit.gate.glob_use import policy_glob_warnings
 from tieaudit.gate.progress import ProgressBar
 from tieaudit.gate.verdicts import data_covered, final_verdicts, lfs_skip
 from tieaudit.rules.finding import Finding, Severity
@@ -336,11 +337,7 @@ def _warnings(
 ) -> tuple[str, ...]:
     """What matched nothing (or matched only by the old --exclude base), one line each."""
     lines = list(found.excludes.warnings(exclude, arguments)) if found.excludes else []
-    for glob in policy.unmatched_globs(t.path for t in found.targets):
-        lines.append(
-            f"{policy.source}: [[path]] glob '{glob}' matched no checkpoint audited "
-            f"(globs are relative to {policy.root}, or name a file or folder alone)"
-        )
+    lines += policy_glob_warnings(policy, [t.path for t in found.targets], arguments)
     return tuple(lines)
 
 

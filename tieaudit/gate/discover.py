@@ -26,7 +26,6 @@ from tieaudit.formats.hf_covered import covered_files
 from tieaudit.formats.hf_dir import SAFE_INDEX, TORCH_INDEX, TORCH_SINGLE, hub_blobs
 from tieaudit.formats.hf_ties import CONFIG
 from tieaudit.formats.magic import is_lfs_pointer, might_be_torch, read_head
-from tieaudit.gate.excludes import ExcludeMatches, check_excludes
 from tieaudit.gate.files import (
     EXCLUDED,
     HIDDEN,
@@ -38,6 +37,7 @@ from tieaudit.gate.files import (
     covered_reason,
     skip_reason,
 )
+from tieaudit.gate.glob_use import ExcludeMatches, check_excludes
 from tieaudit.repair.publish import STAGE_INFIX
 
 __all__ = [
@@ -83,7 +83,7 @@ class PathError:
     """The path is external data of these ONNX models: covered when one of them is audited."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Discovery:
     """What the arguments name."""
 
@@ -148,7 +148,7 @@ class _Walk:
     the stack) and without entering a folder twice (bind mounts cannot make it endless)."""
 
     def __init__(
-        self, root: str, exclude: tuple[str, ...], errors: list[PathError], matches: ExcludeMatches
+        self, root: str, exclude: tuple[str, ...], errors: list[PathError], *, matches: ExcludeMatches
     ) -> None:
         self.root = root
         self.real_root = os.path.realpath(root)
@@ -320,7 +320,7 @@ def discover(arguments: Iterable[str], exclude: Iterable[str] = (), *, base: str
     files: dict[str, FileVerdict] = {}
     for argument in arguments:
         if os.path.isdir(argument):
-            walk = _Walk(argument, patterns, errors, matches)
+            walk = _Walk(argument, patterns, errors, matches=matches)
             found: Iterable[Target] = list(walk.targets())
             verdicts = walk.files
         else:  # a file, or a missing path: the audit says what is wrong with it
@@ -331,7 +331,9 @@ def discover(arguments: Iterable[str], exclude: Iterable[str] = (), *, base: str
         for verdict in verdicts:
             files.setdefault(os.path.abspath(verdict.path), verdict)
     excludes = matches if patterns else None
-    return Discovery(tuple(targets.values()), tuple(errors), tuple(files.values()), excludes=excludes)
+    return Discovery(
+        targets=tuple(targets.values()), errors=tuple(errors), files=tuple(files.values()), excludes=excludes
+    )
 
 
 def folder_checkpoints(folder: str) -> tuple[bool, tuple[str, ...]]:

@@ -1,10 +1,14 @@
-"""--exclude: patterns checked before anything is walked, and what each one matched.
+"""What --exclude patterns and policy [[path]] globs matched in one check run, and the warnings.
 
 Patterns are relative to one base, as the policy's ``[[path]]`` globs are: the policy file's
 folder, or the current folder when there is none (and a pattern may name a file or folder alone).
 A pattern written relative to the PATH argument (the base before there was one base) still
 applies where the base misses, so that existing scripts keep working, and the run says how to
 write it; a pattern that matched nothing is said too.
+
+A policy glob naming no checkpoint is said when the run searched a folder that it could have named:
+naming files alone (the pre-commit hook) or a folder beside the one a glob is about (``check
+models/new`` with ``models/legacy/**`` in the policy) is not expected to match every entry.
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ from dataclasses import dataclass, field
 
 from tieaudit.core.errors import UsageError
 from tieaudit.core.globs import compile_glob, glob_matches, posix_relative
+from tieaudit.rules.policy import Policy
+
+_WILDCARDS = frozenset("*?[")
 
 
 def check_excludes(exclude: Iterable[str]) -> tuple[str, ...]:
@@ -72,3 +79,49 @@ class ExcludeMatches:
                     f"(the base of every glob): write --exclude '{self.by_path[pattern]}'"
                 )
         return tuple(lines)
+
+
+def _literal_folder(glob: str) -> str | None:
+    """The folder a path glob is about (its components before the first wildcard one), or None for
+    a glob that may name a file or folder anywhere by its name alone (one component)."""
+    parts = glob.replace(os.sep, "/").rstrip("/").split("/")
+    if len(parts) < 2:
+        return None
+    literal = []
+    for part in parts:
+        if _WILDCARDS.intersection(part):
+            break
+        literal.append(part)
+    return "/".join(literal) if literal else None
+
+
+def _overlaps(first: str, second: str) -> bool:
+    """One of two absolute paths is the other or lies inside it."""
+    return (
+        first == second
+        or first.startswith(second.rstrip(os.sep) + os.sep)
+        or second.startswith(first.rstrip(os.sep) + os.sep)
+    )
+
+
+def _elsewhere(glob: str, policy: Policy, searched: list[str]) -> bool:
+    """The glob is about an existing folder that no folder searched overlaps."""
+    literal = _literal_folder(glob)
+    if literal is None:
+        return False
+    folder = os.path.abspath(os.path.join(policy.root, literal))
+    return os.path.isdir(folder) and not any(_overlaps(folder, path) for path in searched)
+
+
+def policy_glob_warnings(policy: Policy, targets: Iterable[str], arguments: Iterable[str]) -> list[str]:
+    """One line per [[path]] glob naming no checkpoint audited, when the run searched a folder it
+    could have named."""
+    searched = [os.path.abspath(a) for a in arguments if os.path.isdir(a)]
+    if not searched or not policy.paths:
+        return []
+    return [
+        f"{policy.source}: [[path]] glob '{glob}' matched no checkpoint audited "
+        f"(globs are relative to {policy.root}, or name a file or folder alone)"
+        for glob in policy.unmatched_globs(targets)
+        if not _elsewhere(glob, policy, searched)
+    ]
