@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import Corpus
 
+from tieaudit.cli.common import SizeParam
 from tieaudit.cli.main import main
 from tieaudit.rules.policy import load_policy
 from tieaudit.rules.registry import RULES
@@ -219,6 +220,23 @@ def test_retie_min_size_takes_units(corpus: Corpus, capsys: pytest.CaptureFixtur
     assert "nothing to re-tie" in capsys.readouterr().out
     assert main(["retie", source, "--dry-run", "--all-equal", "--min-size", "32KiB"]) == 0
     assert "tie  head.weight = emb.weight" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("option", "size", "message"),
+    [
+        ("--fold-limit", "0", "'0' is less than 1 byte"),
+        ("--fold-limit", "1M", "'1M' is ambiguous"),
+        ("--memory-limit", "lots", "'lots' is not a size"),
+    ],
+)
+def test_runtime_sizes_use_the_same_parser(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, size: str, message: str
+) -> None:
+    assert main(["runtime", str(tmp_path / "m.onnx"), option, size]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tieaudit: error: Invalid value for '{option}'") and message in err
+    assert SizeParam(minimum=1).convert("512KiB", None, None) == 512 << 10
 
 
 @pytest.mark.parametrize(

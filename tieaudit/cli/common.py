@@ -109,11 +109,17 @@ class SizeParam(click.ParamType[int]):
 
     name = "size"
 
+    def __init__(self, minimum: int = 0) -> None:
+        self.minimum = minimum
+
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         """The size in bytes; a click usage error (one line, exit 2) when value is not a size."""
-        if isinstance(value, int):
-            return value
         try:
-            return parse_size(str(value))
+            size = value if isinstance(value, int) else parse_size(str(value))
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
+        if size < self.minimum:
+            self.fail(
+                f"{value!r} is less than {self.minimum} byte{'s' if self.minimum != 1 else ''}", param, ctx
+            )
+        return size

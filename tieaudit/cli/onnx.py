@@ -81,10 +81,11 @@ def dim_option(help_text: str) -> Callable[[F], F]:
 )
 @click.option(
     "--fold-limit",
-    type=click.IntRange(min=1),
+    type=SizeParam(minimum=1),
     default=None,
-    metavar="BYTES",
-    help="fold_size_limit's optimization.constant_folding_max_output_size_in_bytes. [default: 1 MiB, "
+    metavar="SIZE",
+    help="fold_size_limit's optimization.constant_folding_max_output_size_in_bytes (bytes, 512KiB, "
+    "1MB). [default: 1 MiB, "
     "or half the largest shared initializer when smaller, so that its transpose is not folded]",
 )
 @click.option(
