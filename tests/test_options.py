@@ -325,7 +325,7 @@ def test_show_settings_prints_every_key_with_its_origin_and_audits_nothing(
     policy_file = "tieaudit.toml"  # found in the current folder: named as found
     lines = captured.out.splitlines()
     assert lines[:3] == [
-        "# tieaudit check: settings in force",
+        "# tieaudit check: settings in force, in tieaudit.toml form",
         f"# policy file: {policy_file}",
         f"# globs (--exclude, [[path]] glob) are relative to: {repo}",
     ]

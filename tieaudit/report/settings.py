@@ -63,7 +63,7 @@ def render_settings(policy: Policy, *, exclude: tuple[str, ...] = ()) -> str:
     else:
         source = policy.source
     lines = [
-        "# tieaudit check: settings in force",
+        "# tieaudit check: settings in force, in tieaudit.toml form",
         f"# policy file: {printable(source)}",
         f"# globs (--exclude, [[path]] glob) are relative to: {printable(os.path.abspath(policy.root))}",
     ]
