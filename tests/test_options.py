@@ -3,7 +3,8 @@
 One glob base for --exclude and [[path]] globs (the policy file's folder, else the current one),
 with a warning for a pattern that matches nothing or only relative to the PATH argument; rule ids
 in any letter case; sizes with units; the policy searched up to the repository root, two sources
-an error; --show-settings; a --dim that sets nothing is a usage error.
+an error; --show-settings; a --dim that sets nothing is a usage error. The policy file read
+alone (ids in any case, sizes, where the search stops) is tested in test_policy.py.
 """
 
 from __future__ import annotations
@@ -152,37 +153,6 @@ def test_ignore_takes_rule_ids_in_any_case(repo: Path, capsys: pytest.CaptureFix
     )
 
 
-def test_policy_rule_ids_in_any_case(tmp_path: Path) -> None:
-    path = tmp_path / "tieaudit.toml"
-    path.write_text(
-        'ignore = ["tie004"]\n[severity]\ntie001 = "error"\n'
-        '[[path]]\nglob = "x/**"\nignore = ["Tie006"]\nseverity = { tie002 = "note" }\n'
-    )
-    policy = load_policy(str(path))
-    assert (policy.ignore, policy.severity) == (frozenset({"TIE004"}), {"TIE001": "error"})
-    entry = policy.for_path(str(tmp_path / "x" / "m.pt"))
-    assert entry.ignore == frozenset({"TIE006"})
-    assert entry.severity == {"TIE001": "error", "TIE002": "note"}
-
-
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        ('ignore = ["tie999"]', "ignore must be a list of rule ids (TIE001, "),
-        ('[severity]\ntie999 = "error"', "severity: unknown rule id 'tie999' (known: TIE001, "),
-        ('[[path]]\nglob = "x"\nseverity = { x = "note" }', "severity: unknown rule id 'x' (known: "),
-    ],
-)
-def test_an_unknown_rule_id_in_the_policy_lists_the_valid_ones(
-    text: str, message: str, tmp_path: Path
-) -> None:
-    path = tmp_path / "tieaudit.toml"
-    path.write_text(text)
-    with pytest.raises(Exception, match="TIE011") as raised:
-        load_policy(str(path))
-    assert message in str(raised.value)
-
-
 # --- sizes ---------------------------------------------------------------------------------
 
 
@@ -239,19 +209,6 @@ def test_runtime_sizes_use_the_same_parser(
     assert SizeParam(minimum=1).convert("512KiB", None, None) == 512 << 10
 
 
-@pytest.mark.parametrize(
-    ("value", "count"),
-    [("1024", 1024), ('"1MB"', 10**6), ('"1MiB"', 1 << 20), ('"1.5 kib"', 1536), ('"7"', 7)],
-)
-def test_policy_sizes_are_read_like_the_command_lines(value: str, count: int, tmp_path: Path) -> None:
-    path = tmp_path / "tieaudit.toml"
-    path.write_text(
-        f"min-size = {value}\nmax-wasted-bytes = {value}\n[[path]]\nglob = 'x'\nmin-size = {value}\n"
-    )
-    policy = load_policy(str(path))
-    assert (policy.min_bytes, policy.max_wasted_bytes, policy.paths[0].settings["min_bytes"]) == (count,) * 3
-
-
 # --- which policy --------------------------------------------------------------------------
 
 
@@ -266,30 +223,6 @@ def test_the_policy_is_found_up_to_the_repository_root(
     policy = load_policy(None)
     assert (policy.source, policy.fail_on, policy.root) == (str(repo / "tieaudit.toml"), "error", str(repo))
     assert main(["check", "b.safetensors"]) == 0  # TIE001 is a warning: under fail-on error
-
-
-@pytest.mark.parametrize("marker", ["folder", "file"])
-def test_the_search_stops_at_the_repository_root(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, marker: str
-) -> None:
-    (tmp_path / "tieaudit.toml").write_text('fail-on = "error"\n')  # outside the repository
-    inner = tmp_path / "repo" / "sub"
-    inner.mkdir(parents=True)
-    git = tmp_path / "repo" / ".git"
-    git.mkdir() if marker == "folder" else git.write_text("gitdir: /elsewhere\n")  # a worktree's .git
-    monkeypatch.chdir(inner)
-    assert load_policy(None).source == "defaults"
-    (tmp_path / "repo" / "pyproject.toml").write_text('[tool.tieaudit]\nfail-on = "note"\n')
-    assert load_policy(None).fail_on == "note"  # the repository root itself is searched
-
-
-def test_the_nearest_folder_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / ".git").mkdir()
-    (tmp_path / "tieaudit.toml").write_text('fail-on = "error"\n')
-    (tmp_path / "sub").mkdir()
-    (tmp_path / "sub" / "pyproject.toml").write_text('[tool.tieaudit]\nfail-on = "note"\n')
-    monkeypatch.chdir(tmp_path / "sub")
-    assert load_policy(None).fail_on == "note"
 
 
 def test_two_policies_in_one_folder_are_an_error_naming_both(
