@@ -131,9 +131,14 @@ def test_a_policy_glob_about_another_folder_or_a_run_naming_files_is_no_warning(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # CI jobs per folder and the pre-commit hook (staged files) do not reach every entry's paths
+    (repo / "tieaudit.toml").write_text(
+        '[[path]]\nglob = "models/legacy/**"\nfail-on = "error"\n'
+        '[[path]]\nglob = "*.onnx"\nfail-on = "error"\n'
+    )
+    assert main(["check", "models/new/b.safetensors"]) == 1  # files named, no folder searched
+    assert WARNING not in capsys.readouterr().err
     (repo / "tieaudit.toml").write_text('[[path]]\nglob = "models/legacy/**"\nfail-on = "error"\n')
     assert main(["check", "models/new"]) == 1  # models/legacy exists, beside the folder searched
-    assert main(["check", "models/new/b.safetensors"]) == 1  # files named, no folder searched
     assert WARNING not in capsys.readouterr().err
     (repo / "tieaudit.toml").write_text('[[path]]\nglob = "models/new/*.onnx"\nfail-on = "error"\n')
     assert main(["check", "models/new"]) == 1  # about the folder searched: it could have matched
