@@ -178,7 +178,8 @@ def test_wasted_bytes_cap_is_tie009_per_path(corpus: Corpus, tmp_path: Path) -> 
         "path = 'models'",
         "max-wasted-bytes = -5",
         "max-wasted-bytes = true",
-        "[[path]]\nglob = 'x'\nmax-wasted-bytes = '1 GB'",
+        "[[path]]\nglob = 'x'\nmax-wasted-bytes = '1 G'",  # ambiguous: GB or GiB
+        "max-wasted-bytes = 'lots'",
     ],
 )
 def test_path_entry_mistakes_are_usage_errors(text: str, tmp_path: Path) -> None:
@@ -224,3 +225,71 @@ def test_pyproject_tool_that_is_not_a_table_is_a_usage_error(tmp_path: Path) -> 
     pyproject.write_text('tool = "x"\n')
     with pytest.raises(UsageError, match=r"no \[tool.tieaudit\] table"):
         load_policy(str(pyproject))
+
+
+def test_policy_rule_ids_in_any_case(tmp_path: Path) -> None:
+    path = tmp_path / "tieaudit.toml"
+    path.write_text(
+        'ignore = ["tie004"]\n[severity]\ntie001 = "error"\n'
+        '[[path]]\nglob = "x/**"\nignore = ["Tie006"]\nseverity = { tie002 = "note" }\n'
+    )
+    policy = load_policy(str(path))
+    assert (policy.ignore, policy.severity) == (frozenset({"TIE004"}), {"TIE001": "error"})
+    entry = policy.for_path(str(tmp_path / "x" / "m.pt"))
+    assert entry.ignore == frozenset({"TIE006"})
+    assert entry.severity == {"TIE001": "error", "TIE002": "note"}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('ignore = ["tie999"]', "ignore must be a list of rule ids (TIE001, "),
+        ('[severity]\ntie999 = "error"', "severity: unknown rule id 'tie999' (known: TIE001, "),
+        ('[[path]]\nglob = "x"\nseverity = { x = "note" }', "severity: unknown rule id 'x' (known: "),
+    ],
+)
+def test_an_unknown_rule_id_in_the_policy_lists_the_valid_ones(
+    text: str, message: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "tieaudit.toml"
+    path.write_text(text)
+    with pytest.raises(UsageError, match="TIE011") as raised:
+        load_policy(str(path))
+    assert message in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "count"),
+    [("1024", 1024), ('"1MB"', 10**6), ('"1MiB"', 1 << 20), ('"1.5 kib"', 1536), ('"7"', 7)],
+)
+def test_policy_sizes_are_read_like_the_command_lines(value: str, count: int, tmp_path: Path) -> None:
+    path = tmp_path / "tieaudit.toml"
+    path.write_text(
+        f"min-size = {value}\nmax-wasted-bytes = {value}\n[[path]]\nglob = 'x'\nmin-size = {value}\n"
+    )
+    policy = load_policy(str(path))
+    assert (policy.min_bytes, policy.max_wasted_bytes, policy.paths[0].settings["min_bytes"]) == (count,) * 3
+
+
+@pytest.mark.parametrize("marker", ["folder", "file"])
+def test_the_search_stops_at_the_repository_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, marker: str
+) -> None:
+    (tmp_path / "tieaudit.toml").write_text('fail-on = "error"\n')  # outside the repository
+    inner = tmp_path / "repo" / "sub"
+    inner.mkdir(parents=True)
+    git = tmp_path / "repo" / ".git"
+    git.mkdir() if marker == "folder" else git.write_text("gitdir: /elsewhere\n")  # a worktree's .git
+    monkeypatch.chdir(inner)
+    assert load_policy(None).source == "defaults"
+    (tmp_path / "repo" / "pyproject.toml").write_text('[tool.tieaudit]\nfail-on = "note"\n')
+    assert load_policy(None).fail_on == "note"  # the repository root itself is searched
+
+
+def test_the_nearest_folder_wins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "tieaudit.toml").write_text('fail-on = "error"\n')
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "pyproject.toml").write_text('[tool.tieaudit]\nfail-on = "note"\n')
+    monkeypatch.chdir(tmp_path / "sub")
+    assert load_policy(None).fail_on == "note"

@@ -12,6 +12,7 @@ import click
 from tieaudit.core.errors import TieauditError
 from tieaudit.core.escape import printable
 from tieaudit.core.exit_codes import ExitCode
+from tieaudit.core.units import parse_size
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -28,6 +29,11 @@ class CliError(click.ClickException):
 def echo_error(message: str) -> None:
     """``tieaudit: error: <message>`` on stderr, as one line whatever names the message holds."""
     click.echo(f"tieaudit: error: {printable(message)}", err=True)
+
+
+def echo_warning(message: str) -> None:
+    """``tieaudit: warning: <message>`` on stderr: an option did nothing (the exit code is unchanged)."""
+    click.echo(f"tieaudit: warning: {printable(message)}", err=True)
 
 
 def echo_note(message: str) -> None:
@@ -107,3 +113,25 @@ def output_options(formats: tuple[str, ...]) -> Callable[[F], F]:
         )(command)
 
     return decorate
+
+
+class SizeParam(click.ParamType[int]):
+    """A size in bytes, written 4GiB, 512MB, 1.5MiB or 1048576 (tieaudit.core.units.parse_size): every
+    size option reads sizes this one way, as the policy's size keys do."""
+
+    name = "size"
+
+    def __init__(self, minimum: int = 0) -> None:
+        self.minimum = minimum
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        """The size in bytes; a click usage error (one line, exit 2) when value is not a size."""
+        try:
+            size = value if isinstance(value, int) else parse_size(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+        if size < self.minimum:
+            self.fail(
+                f"{value!r} is less than {self.minimum} byte{'s' if self.minimum != 1 else ''}", param, ctx
+            )
+        return size

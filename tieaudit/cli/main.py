@@ -14,8 +14,10 @@ if TYPE_CHECKING:
 
 from tieaudit.cli.check_output import report_failures, show_check
 from tieaudit.cli.common import (
+    SizeParam,
     echo_error,
     echo_note,
+    echo_warning,
     from_cache,
     output_options,
     to_terminal,
@@ -95,14 +97,14 @@ def _not_one_model(path: str, checkpoints: tuple[str, ...]) -> None:
 
 
 @cli.command()
-@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.argument("paths", nargs=-1, type=click.Path())
 @click.option(
     "--policy",
     "policy_path",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Policy file: tieaudit.toml, or pyproject.toml with [tool.tieaudit]. "
-    "Default: tieaudit.toml or pyproject.toml in the current folder, if any.",
+    help="Policy file: tieaudit.toml, or pyproject.toml with [tool.tieaudit]. Default: the first "
+    "folder from the current one up to the repository root (.git) holding either (both: an error).",
 )
 @click.option(
     "--fail-on",
@@ -112,23 +114,26 @@ def _not_one_model(path: str, checkpoints: tuple[str, ...]) -> None:
 )
 @click.option(
     "--min-size",
-    type=click.IntRange(min=0),
+    type=SizeParam(),
     default=None,
-    help=f"Tensors smaller than this many bytes are never copy candidates. [default: {DEFAULT_MIN_BYTES}]",
+    metavar="SIZE",
+    help="Tensors smaller than this are never copy candidates: bytes, or 1MB (10^6), 1MiB (2^20). "
+    f"[default: policy, else {DEFAULT_MIN_BYTES}]",
 )
 @click.option(
     "--ignore",
     "ignored",
     multiple=True,
     metavar="RULE",
-    help="Do not report this rule id (repeatable), e.g. --ignore TIE004.",
+    help="Do not report this rule id, in any letter case (repeatable), e.g. --ignore TIE004.",
 )
 @click.option(
     "--exclude",
     multiple=True,
     metavar="GLOB",
-    help="Skip what a folder argument holds whose relative path or name matches (repeatable; "
-    "** spans folders). Paths named on the command line are always checked.",
+    help="Skip what a folder argument holds whose path or name matches (repeatable; ** spans "
+    "folders). Relative to the policy file's folder, else the current folder, as [[path]] globs; "
+    "a pattern matching nothing is a warning. Paths named on the command line are always checked.",
 )
 @click.option(
     "--jobs",
@@ -164,6 +169,12 @@ def _not_one_model(path: str, checkpoints: tuple[str, ...]) -> None:
     "error. --format json always lists them, as files.",
 )
 @click.option(
+    "--show-settings",
+    is_flag=True,
+    help="Print the settings in force (policy file found, every key with its value and where it "
+    "came from: the file, the command line or the default) and exit 0 without auditing.",
+)
+@click.option(
     "--skip-lfs-pointers",
     is_flag=True,
     help="A Git LFS pointer named as a PATH (or a model folder holding one) is skipped with a note "
@@ -193,6 +204,7 @@ def check(
     runtime: bool,
     exit_zero: bool,
     show_files: bool,
+    show_settings: bool,
     skip_lfs_pointers: bool,
     quiet: bool,
     fmt: CheckFormat,
@@ -228,7 +240,7 @@ def check(
     Examples:
       tieaudit check model.safetensors
       tieaudit check ./release-llama --fail-on error --format json -o audit.json
-      tieaudit check models/ --exclude 'legacy/**' --jobs 4 --policy tieaudit.toml
+      tieaudit check models/ --exclude 'models/legacy/**' --jobs 4 --policy tieaudit.toml
       tieaudit check models/ --format sarif -o tieaudit.sarif
       tieaudit check models/ --format markdown >> "$GITHUB_STEP_SUMMARY"
       tieaudit check models/ --format github --quiet
@@ -237,6 +249,7 @@ def check(
       tieaudit check model.onnx --runtime
       tieaudit check ./hf-repo --show-files
       tieaudit check meta-llama/Llama-3.2-1B@main
+      tieaudit check --show-settings
     """
     import dataclasses
 
@@ -247,6 +260,13 @@ def check(
     policy = load_policy(policy_path).overridden(fail_on, min_size, ignored)
     if runtime:
         policy = dataclasses.replace(policy, runtime=True)
+    if show_settings:
+        from tieaudit.report.settings import render_settings
+
+        write_output(render_settings(policy, exclude=exclude), output)
+        return
+    if not paths:
+        raise click.UsageError("Missing argument 'PATHS...' (only --show-settings runs without one)")
     baseline = load_baseline(baseline_path) if baseline_path else None
     root = fingerprint_root(baseline, write_baseline_path)
     result = run_check(
@@ -259,6 +279,8 @@ def check(
         progress=sys.stderr.isatty() and not quiet,
         skip_lfs_pointers=skip_lfs_pointers,
     )
+    for warning in result.warnings:
+        echo_warning(warning)
     show_check(result, fmt, output, quiet=quiet, show_files=show_files)
     code = result.exit_code(writing_baseline=write_baseline_path is not None, exit_zero=exit_zero)
     if write_baseline_path and code != ExitCode.BAD_INPUT:

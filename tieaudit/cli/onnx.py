@@ -11,29 +11,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from tieaudit.cli.common import echo_error, output_options, user_errors, write_output
+from tieaudit.cli.common import SizeParam, echo_error, output_options, user_errors, write_output
 from tieaudit.core.exit_codes import ExitCode
-from tieaudit.core.units import parse_size
 
 if TYPE_CHECKING:
     from tieaudit.rules.finding import Severity
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class SizeParam(click.ParamType[int]):
-    """A size in bytes, written 4GiB, 512MB or 1048576 (tieaudit.core.units.parse_size)."""
-
-    name = "size"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        """The size in bytes; a click usage error (one line, exit 2) when value is not a size."""
-        if isinstance(value, int):
-            return value
-        try:
-            return parse_size(str(value))
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
 
 
 _CONFIG_NAMES = (
@@ -53,6 +37,8 @@ def _dims(values: tuple[str, ...]) -> dict[str, int]:
         if not sep or not name.strip() or not size.strip().isdigit() or int(size) < 1:
             message = f"use NAME=SIZE with a positive integer size (not {value!r})"
             raise click.BadParameter(message, param_hint="--dim")
+        if name.strip() in dims:  # the last would win without a word
+            raise click.BadParameter(f"{name.strip()!r} is given twice", param_hint="--dim")
         dims[name.strip()] = int(size)
     return dims
 
@@ -63,7 +49,8 @@ RUNTIME_DIM_HELP = (
 )
 EXPORT_DIM_HELP = (
     "Example input size for a Hugging Face folder: --dim batch=N (1), --dim sequence=N (8); "
-    "both stay dynamic in the export. A module:function brings its own inputs."
+    "both stay dynamic in the export. A module:function brings its own inputs. Any other name "
+    "is a usage error."
 )
 
 
@@ -94,10 +81,11 @@ def dim_option(help_text: str) -> Callable[[F], F]:
 )
 @click.option(
     "--fold-limit",
-    type=click.IntRange(min=1),
+    type=SizeParam(minimum=1),
     default=None,
-    metavar="BYTES",
-    help="fold_size_limit's optimization.constant_folding_max_output_size_in_bytes. [default: 1 MiB, "
+    metavar="SIZE",
+    help="fold_size_limit's optimization.constant_folding_max_output_size_in_bytes (bytes, 512KiB, "
+    "1MB). [default: 1 MiB, "
     "or half the largest shared initializer when smaller, so that its transpose is not folded]",
 )
 @click.option(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tieaudit.cli.common import from_cache, user_errors
+from tieaudit.cli.common import SizeParam, from_cache, user_errors
 from tieaudit.graph import DEFAULT_MIN_BYTES
 
 
@@ -47,10 +47,11 @@ def _relations(value: str | None) -> frozenset[str] | None:
 @click.option("--in-place", is_flag=True, help="Allow OUT to be IN; the original is kept as IN.bak.")
 @click.option(
     "--min-size",
-    type=click.IntRange(min=0),
+    type=SizeParam(),
     default=DEFAULT_MIN_BYTES,
     show_default=True,
-    help="Tensors smaller than this many bytes are never copy candidates.",
+    metavar="SIZE",
+    help="Tensors smaller than this are never copy candidates: bytes, or 1MB (10^6), 1MiB (2^20).",
 )
 @user_errors
 def retie(

@@ -18,8 +18,9 @@ from tieaudit.core.errors import ExternalDataError, LfsPointerError, TieauditErr
 from tieaudit.core.exit_codes import ExitCode
 from tieaudit.formats.hf_cache import CacheSnapshot
 from tieaudit.gate.baseline import Baseline, fingerprint
-from tieaudit.gate.discover import PathError, discover
+from tieaudit.gate.discover import Discovery, PathError, discover
 from tieaudit.gate.files import LFS_POINTER, FileVerdict
+from tieaudit.gate.glob_use import policy_glob_warnings
 from tieaudit.gate.progress import ProgressBar
 from tieaudit.gate.verdicts import data_covered, final_verdicts, lfs_skip
 from tieaudit.rules.finding import Finding, Severity
@@ -88,6 +89,9 @@ class CheckResult:
     """Checkpoints that are Git LFS pointers (or hold one), skipped under --skip-lfs-pointers."""
     from_cache: tuple[tuple[str, CacheSnapshot], ...] = ()
     """Repository ids given as PATHs, with the Hugging Face cache snapshot audited for each."""
+    warnings: tuple[str, ...] = ()
+    """Options that did nothing or matched in a way that will change: an --exclude pattern or a
+    policy [[path]] glob that matched nothing, an --exclude written relative to a PATH argument."""
 
     @property
     def skipped_files(self) -> int:
@@ -276,7 +280,7 @@ def run_check(
 ) -> CheckResult:
     """Audit every checkpoint the arguments name; a bad path is recorded, never stops the others.
     With skip_lfs_pointers a Git LFS pointer (or a model folder holding one) is skipped, not an error."""
-    found = discover(arguments, exclude)
+    found = discover(arguments, exclude, base=policy.root)
     if not found.targets and not found.errors:
         raise UsageError(
             f"nothing scanned: no checkpoints under {', '.join(arguments)}{_why_none(found.files, exclude)}"
@@ -328,7 +332,17 @@ def run_check(
         files=final_verdicts(found.files, found.targets, resolved),
         skipped_pointers=tuple(pointers),
         from_cache=found.from_cache,
+        warnings=_warnings(found, policy, arguments, exclude=exclude),
     )
+
+
+def _warnings(
+    found: Discovery, policy: Policy, arguments: Sequence[str], *, exclude: Sequence[str]
+) -> tuple[str, ...]:
+    """What matched nothing (or matched only by the old --exclude base), one line each."""
+    lines = list(found.excludes.warnings(exclude, arguments)) if found.excludes else []
+    lines += policy_glob_warnings(policy, [t.path for t in found.targets], arguments)
+    return tuple(lines)
 
 
 def _why_none(files: Sequence[FileVerdict], exclude: Sequence[str]) -> str:

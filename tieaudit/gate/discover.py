@@ -8,6 +8,10 @@ follows a link to a folder, follows a link to a file only when the file lies ins
 given, and turns every entry it cannot read into one error for that entry (a link loop, a link
 target too long, no permission): the other paths are still audited. An argument that is no path
 but a repository id (``org/name[@revision]``) is the snapshot the Hugging Face cache holds for it.
+
+``--exclude`` patterns are relative to one base, as the policy's ``[[path]]`` globs are: the policy
+file's folder, or the current folder when there is none. A pattern written relative to the PATH
+argument (the base before) still applies where the base misses, and the run says how to write it.
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from tieaudit.core.errors import InputError, UsageError
-from tieaudit.core.globs import compile_glob, glob_matches, posix_relative
+from tieaudit.core.errors import InputError
+from tieaudit.core.globs import glob_matches, posix_relative
 from tieaudit.formats.hf_cache import CacheSnapshot, cached_argument
 from tieaudit.formats.hf_covered import covered_files
 from tieaudit.formats.hf_dir import SAFE_INDEX, TORCH_INDEX, TORCH_SINGLE, hub_blobs
@@ -35,6 +39,7 @@ from tieaudit.gate.files import (
     covered_reason,
     skip_reason,
 )
+from tieaudit.gate.glob_use import ExcludeMatches, check_excludes
 from tieaudit.repair.publish import STAGE_INFIX
 
 __all__ = [
@@ -93,6 +98,8 @@ class Discovery:
     from_cache: tuple[tuple[str, CacheSnapshot], ...] = ()
     """Arguments that name no path but a repository in the Hugging Face cache, with the snapshot
     searched in their place (``formats.hf_cache``)."""
+    excludes: ExcludeMatches | None = None
+    """What each --exclude pattern matched (None without patterns)."""
 
 
 def _skipped_name(name: str) -> str:
@@ -145,10 +152,13 @@ class _Walk:
     """A depth-first walk of one folder argument, without recursion (a deep tree cannot exhaust
     the stack) and without entering a folder twice (bind mounts cannot make it endless)."""
 
-    def __init__(self, root: str, exclude: tuple[str, ...], errors: list[PathError]) -> None:
+    def __init__(
+        self, root: str, exclude: tuple[str, ...], errors: list[PathError], *, matches: ExcludeMatches
+    ) -> None:
         self.root = root
         self.real_root = os.path.realpath(root)
         self.exclude = exclude
+        self.matches = matches
         self.errors = errors
         self.files: list[FileVerdict] = []
         self.covered: dict[str, str] = {}
@@ -250,8 +260,7 @@ class _Walk:
 
     def _excluded(self, entry: os.DirEntry[str]) -> str:
         """The first --exclude pattern matching the entry, or empty."""
-        relative = posix_relative(entry.path, self.root)
-        return next((pattern for pattern in self.exclude if glob_matches(pattern, relative)), "")
+        return self.matches.first_match(entry.path, self.root, self.exclude) if self.exclude else ""
 
     def _covered(self, entry: os.DirEntry[str]) -> bool:
         model = self.covered.get(os.path.abspath(entry.path))
@@ -306,21 +315,11 @@ class _Walk:
                 yield self._audited(self._target(entry.path))
 
 
-def check_excludes(exclude: Iterable[str]) -> tuple[str, ...]:
-    """The --exclude patterns, each checked before anything is walked."""
-    patterns = tuple(exclude)
-    try:
-        for pattern in patterns:
-            compile_glob(pattern)
-    except UsageError as exc:
-        raise UsageError(exc.message, "--exclude") from exc
-    return patterns
-
-
-def discover(arguments: Iterable[str], exclude: Iterable[str] = ()) -> Discovery:
+def discover(arguments: Iterable[str], exclude: Iterable[str] = (), *, base: str = ".") -> Discovery:
     """Targets for the arguments: files and model folders as given, other folders walked; every
-    file found, with its verdict."""
+    file found, with its verdict. base: the folder --exclude patterns are relative to."""
     patterns = check_excludes(exclude)
+    matches = ExcludeMatches(base)
     targets: dict[str, Target] = {}
     errors: list[PathError] = []
     files: dict[str, FileVerdict] = {}
@@ -338,7 +337,7 @@ def discover(arguments: Iterable[str], exclude: Iterable[str] = ()) -> Discovery
             from_cache.append((given, snapshot))
         argument = snapshot.folder if snapshot is not None else given
         if os.path.isdir(argument):
-            walk = _Walk(argument, patterns, errors)
+            walk = _Walk(argument, patterns, errors, matches=matches)
             found: Iterable[Target] = list(walk.targets())
             verdicts = walk.files
         else:  # a file, or a missing path: the audit says what is wrong with it
@@ -353,6 +352,7 @@ def discover(arguments: Iterable[str], exclude: Iterable[str] = ()) -> Discovery
         errors=tuple(errors),
         files=tuple(files.values()),
         from_cache=tuple(from_cache),
+        excludes=matches if patterns else None,
     )
 
 

@@ -2,6 +2,8 @@
 
 Top-level keys are the defaults; each ``[[path]]`` entry whose glob names a checkpoint overrides
 the keys it sets, later entries over earlier ones (a ``severity`` table is merged rule by rule).
+Without ``--policy`` the file is searched from the current folder up to the repository root.
+Rule ids are read in any letter case; sizes as bytes or with a unit (``1MB``, ``1MiB``).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import dataclasses
 import os
 import reprlib
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +20,7 @@ from tieaudit.core.errors import UsageError
 from tieaudit.core.globs import compile_glob, glob_matches, posix_relative
 from tieaudit.core.limits import NotRegularFile, TooLarge, nesting_depth_exceeds, parse_failure, read_limited
 from tieaudit.core.records import DeclaredTie
+from tieaudit.core.units import parse_size
 from tieaudit.graph import DEFAULT_MIN_BYTES
 from tieaudit.graph.detect import ALL_RELATIONS
 from tieaudit.rules.finding import SEVERITIES, Severity
@@ -31,6 +34,12 @@ MAX_POLICY_DEPTH = 8
 """Deepest nesting of tables and arrays in the policy table: the deepest valid key is three levels."""
 MAX_BYTE_COUNT = (1 << 63) - 1
 """Largest byte count a policy may set: no file holds more bytes than a 64-bit offset reaches."""
+POLICY_FILE = "tieaudit.toml"
+PYPROJECT = "pyproject.toml"
+REPOSITORY_MARKER = ".git"
+"""A folder holding this (a folder, or a worktree's file) is the repository root: the search stops there."""
+DEFAULT = "default"
+COMMAND_LINE = "command line"
 _BRIEF = reprlib.Repr()
 _BRIEF.maxstring = _BRIEF.maxother = 60
 _BRIEF.maxlevel = 3
@@ -74,9 +83,12 @@ class Policy:
     paths: tuple[PathPolicy, ...] = ()
     """Per-glob overrides, in file order."""
     root: str = "."
-    """Folder the globs of ``paths`` are relative to (the policy file's)."""
+    """Folder every glob is relative to (``paths`` and --exclude): the policy file's, else the current one."""
     source: str = "defaults"
     """Where the policy came from."""
+    origins: Mapping[str, str] = field(default_factory=dict)
+    """Policy key (``fail-on``) -> where its value was set: the file's path or "command line";
+    a key not here has its default."""
 
     def for_path(self, path: str) -> Policy:
         """The settings for one checkpoint: the defaults, then every matching [[path]] entry."""
@@ -91,19 +103,36 @@ class Policy:
                 changes.update({k: v for k, v in entry.settings.items() if k != "severity"})
         return dataclasses.replace(self, **changes, severity=severity, paths=())
 
+    def unmatched_globs(self, paths: Iterable[str]) -> tuple[str, ...]:
+        """The ``[[path]]`` globs naming none of paths (checkpoints audited), in file order."""
+        relative = [posix_relative(path, self.root) for path in paths]
+        return tuple(
+            entry.glob for entry in self.paths if not any(glob_matches(entry.glob, r) for r in relative)
+        )
+
+    def origin(self, key: str) -> str:
+        """Where the value of a policy key (``fail-on``) comes from: a path, "command line" or "default"."""
+        return self.origins.get(key, DEFAULT)
+
     def overridden(
         self, fail_on: Severity | None = None, min_bytes: int | None = None, ignore: tuple[str, ...] = ()
     ) -> Policy:
-        """The command line's settings over the file's, [[path]] entries included."""
-        unknown = [rule for rule in ignore if rule not in RULES]
+        """The command line's settings over the file's, [[path]] entries included (rule ids in any case)."""
+        unknown = [rule for rule in ignore if rule_id(rule) is None]
         if unknown:
-            raise UsageError(f"unknown rule id {', '.join(unknown)} (known: {', '.join(RULES)})")
+            raise UsageError(f"unknown rule id {', '.join(unknown)} (known: {', '.join(RULES)})", "--ignore")
         changes: dict[str, Any] = {}
+        origins = dict(self.origins)
         if fail_on is not None:
             changes["fail_on"] = fail_on
+            origins["fail-on"] = COMMAND_LINE
         if min_bytes is not None:
             changes["min_bytes"] = min_bytes
-        extra = frozenset(ignore)
+            origins["min-size"] = COMMAND_LINE
+        extra = frozenset(rule_id(rule) or rule for rule in ignore)
+        if extra:
+            before = self.origins.get("ignore")
+            origins["ignore"] = f"{before} + {COMMAND_LINE}" if before else COMMAND_LINE
         paths = tuple(
             PathPolicy(
                 entry.glob,
@@ -111,7 +140,13 @@ class Policy:
             )
             for entry in self.paths
         )
-        return dataclasses.replace(self, **changes, ignore=self.ignore | extra, paths=paths)
+        return dataclasses.replace(self, **changes, ignore=self.ignore | extra, paths=paths, origins=origins)
+
+
+def rule_id(text: str) -> str | None:
+    """The rule id text names, in any letter case ('tie004' -> 'TIE004'), or None."""
+    canonical = text.strip().upper()
+    return canonical if canonical in RULES else None
 
 
 def _severity(value: Any, where: str) -> Severity:
@@ -122,17 +157,29 @@ def _severity(value: Any, where: str) -> Severity:
 
 
 def _rule_ids(values: Any, where: str) -> frozenset[str]:
-    if not isinstance(values, list) or not all(isinstance(v, str) and v in RULES for v in values):
+    ids = [rule_id(v) if isinstance(v, str) else None for v in values] if isinstance(values, list) else [None]
+    if None in ids:
         known = ", ".join(RULES)
         raise UsageError(f"ignore must be a list of rule ids ({known}), not {brief(values)}", where)
-    return frozenset(values)
+    return frozenset(i for i in ids if i is not None)
 
 
 def _byte_count(key: str) -> Callable[[Any, str], int]:
+    """A byte count: an integer, or a string with a unit as on the command line ("1MB", "1.5MiB")."""
+
     def parse(value: Any, where: str) -> int:
-        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_BYTE_COUNT:
-            raise UsageError(f"{key} must be a byte count (0 to 2**63-1), not {brief(value)}", where)
-        return value
+        count = value
+        if isinstance(value, str):
+            try:
+                count = parse_size(value)
+            except ValueError as exc:
+                raise UsageError(f"{key}: {exc}", where) from exc
+        if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= MAX_BYTE_COUNT:
+            raise UsageError(
+                f"{key} must be a byte count (0 to 2**63-1) or a size like 1MB or 1MiB, not {brief(value)}",
+                where,
+            )
+        return count
 
     return parse
 
@@ -144,9 +191,13 @@ def _relations(value: Any, where: str) -> frozenset[str]:
 
 
 def _severities(value: Any, where: str) -> dict[str, Severity]:
-    if not isinstance(value, dict) or not set(value) <= set(RULES):
+    if not isinstance(value, dict):
         raise UsageError("severity must map rule ids to error, warning or note", where)
-    return {rule: _severity(level, where) for rule, level in value.items()}
+    unknown = [key for key in value if rule_id(key) is None]
+    if unknown:
+        known = ", ".join(RULES)
+        raise UsageError(f"severity: unknown rule id {brief(unknown[0])} (known: {known})", where)
+    return {rule_id(rule) or rule: _severity(level, where) for rule, level in value.items()}
 
 
 def _expected(entries: Any, where: str) -> tuple[DeclaredTie, ...]:
@@ -209,22 +260,43 @@ def policy_from_table(table: dict[str, Any], where: str) -> Policy:
     fields = _settings(table, {PATH_TABLE}, where)
     paths = _path_entries(table.get(PATH_TABLE, []), where)
     root = os.path.dirname(os.path.abspath(where))
-    return Policy(**fields, paths=paths, root=root, source=where)
+    origins = {key: where for key in table if key in SETTINGS}
+    return Policy(**fields, paths=paths, root=root, source=where, origins=origins)
 
 
 def load_policy(path: str | None) -> Policy:
-    """Policy from path (tieaudit.toml, or pyproject.toml's [tool.tieaudit]); discovered in the
-    current folder when path is None; defaults when there is none."""
+    """Policy from path (tieaudit.toml, or pyproject.toml's [tool.tieaudit]); found by find_policy
+    when path is None; defaults when there is none."""
     if path is None:
-        for candidate in ("tieaudit.toml", "pyproject.toml"):
-            if os.path.isfile(candidate):
-                policy = _read(candidate, required=False)
-                if policy is not None:
-                    return policy
-        return Policy()
+        return find_policy(".") or Policy()
     policy = _read(path, required=True)
     assert policy is not None
     return policy
+
+
+def find_policy(start: str) -> Policy | None:
+    """The policy of the first folder from start upward holding tieaudit.toml or a pyproject.toml
+    with [tool.tieaudit]; the search stops after the repository root (the folder holding .git) or
+    at the filesystem root. Both in one folder: UsageError naming both (which one rules is not a
+    guess to make silently)."""
+    here = os.path.abspath(start)
+    folder = here
+    while True:
+        # shown as found: bare names in the folder searched first, absolute paths above it
+        shown = os.path.normpath(start) if folder == here else folder
+        named = [os.path.normpath(os.path.join(shown, name)) for name in (POLICY_FILE, PYPROJECT)]
+        found = [p for p in (_read(n, required=False) for n in named if os.path.isfile(n)) if p is not None]
+        if len(found) == 2:
+            raise UsageError(
+                f"two policies: {found[0].source} and {found[1].source} [tool.tieaudit]; "
+                "keep one, or choose with --policy"
+            )
+        if found:
+            return found[0]
+        parent = os.path.dirname(folder)
+        if os.path.lexists(os.path.join(folder, REPOSITORY_MARKER)) or parent == folder:
+            return None
+        folder = parent
 
 
 def _parse(path: str) -> dict[str, Any]:

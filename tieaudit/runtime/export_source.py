@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tieaudit.core.errors import InputError, UsageError, one_line
+from tieaudit.core.escape import printable
 
 if TYPE_CHECKING:
     import torch
@@ -131,12 +132,31 @@ def _factory_source(spec: str) -> ExportSource:
     )
 
 
+HF_DIMS = ("batch", "sequence")
+"""The --dim names a Hugging Face folder's example input_ids take."""
+
+
+def _check_dims(dims: Mapping[str, int], known: tuple[str, ...], source: str) -> None:
+    """A --dim that sets nothing is a usage error, not silently ignored."""
+    unknown = [name for name in dims if name not in known]
+    if not unknown:
+        return
+    names = ", ".join(f"--dim {printable(n)}" for n in unknown)
+    if known:
+        raise UsageError(
+            f"{names} sets nothing: a Hugging Face folder's example sizes are --dim batch, --dim sequence"
+        )
+    raise UsageError(f"{names} sets nothing: {source}() brings its own example inputs")
+
+
 def load_source(source: str, dims: Mapping[str, int]) -> ExportSource:
     """The module, example inputs and names for source (a folder or module:function)."""
     if os.path.isdir(source):
         if not os.path.isfile(os.path.join(source, "config.json")):
             raise InputError("not a Hugging Face model folder (no config.json)", source)
+        _check_dims(dims, HF_DIMS, source)
         return _hf_source(source, dims)
     if ":" in source and not os.path.exists(source):
+        _check_dims(dims, (), source)
         return _factory_source(source)
     raise UsageError(f"SOURCE must be a Hugging Face model folder or module:function (not {source!r})")
