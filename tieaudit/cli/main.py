@@ -21,6 +21,7 @@ from tieaudit.cli.common import (
     write_output,
 )
 from tieaudit.core.exit_codes import ExitCode
+from tieaudit.core.units import agree, plural
 from tieaudit.core.version import __version__
 from tieaudit.graph import DEFAULT_MIN_BYTES
 
@@ -71,10 +72,8 @@ def inspect(path: str, fmt: InspectFormat, output: str | None) -> None:
     audit = audit_path(path)
     write_output(render(audit, fmt, color=to_terminal(output)), output)
     if others:
-        count = f"{len(others)} other {'checkpoint' if len(others) == 1 else 'checkpoints'}"
-        echo_note(
-            f"{count} in {path} {'is' if len(others) == 1 else 'are'} audited by `tieaudit check {path}`"
-        )
+        count = plural(len(others), "other checkpoint")
+        echo_note(f"{count} in {path} {agree(len(others), 'is')} audited by `tieaudit check {path}`")
 
 
 def _not_one_model(path: str, checkpoints: tuple[str, ...]) -> None:
@@ -83,7 +82,7 @@ def _not_one_model(path: str, checkpoints: tuple[str, ...]) -> None:
     if not checkpoints:
         echo_error(f"{path}: no weights found: not one model ({why}), and no checkpoint under it")
     else:
-        count = f"{len(checkpoints)} {'checkpoint' if len(checkpoints) == 1 else 'checkpoints'}"
+        count = plural(len(checkpoints), "checkpoint")
         echo_error(f"{path}: not one model ({why}); `tieaudit check {path}` audits the {count} under it:")
         for checkpoint in checkpoints:
             echo_note(f"  {checkpoint}")
@@ -256,7 +255,7 @@ def check(
     code = result.exit_code(writing_baseline=write_baseline_path is not None, exit_zero=exit_zero)
     if write_baseline_path and code != ExitCode.BAD_INPUT:
         count = write_baseline(write_baseline_path, result.audits)
-        echo_note(f"wrote {count} findings to {write_baseline_path}")
+        echo_note(f"wrote {plural(count, 'finding')} to {write_baseline_path}")
     if code:
         raise click.exceptions.Exit(code)
 

@@ -6,7 +6,7 @@ import json
 from typing import Any, Literal
 
 from tieaudit.audit import Audit
-from tieaudit.core.units import human_bytes
+from tieaudit.core.units import human_bytes, plural
 from tieaudit.core.version import __version__
 from tieaudit.gate.check import Checked, CheckResult
 from tieaudit.gate.files import skipped_by_reason
@@ -87,19 +87,19 @@ def check_summary_line(result: CheckResult) -> str:
     """The closing line on stderr: checkpoints, failing, errors, baselined, wasted bytes."""
     summary = result.summary()
     parts = [
-        f"{summary.checkpoints} checkpoint{'' if summary.checkpoints == 1 else 's'}",
+        plural(summary.checkpoints, "checkpoint"),
         f"{summary.failing} failing",
-        f"{summary.errors} error{'' if summary.errors == 1 else 's'}",
+        plural(summary.errors, "error"),
     ]
     if result.baseline is not None:
-        parts.append(f"{summary.baselined} baselined findings")
+        parts.append(plural(summary.baselined, "baselined finding"))
         if summary.stale_baseline_entries:
-            parts.append(f"{summary.stale_baseline_entries} baseline entries no longer found")
+            parts.append(f"{plural(summary.stale_baseline_entries, 'baseline entry')} no longer found")
     parts.append(f"{human_bytes(summary.wasted_bytes)} wasted")
     line = "tieaudit: " + ", ".join(parts)
     skipped = skipped_by_reason(result.files)
     if skipped:
         total = sum(count for _, count in skipped)
         groups = "; ".join(f"{count} {reason}" for reason, count in skipped)
-        line += f"; {total} {'file' if total == 1 else 'files'} skipped ({groups})"
+        line += f"; {plural(total, 'file')} skipped ({groups})"
     return line

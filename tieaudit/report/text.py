@@ -13,7 +13,7 @@ from rich.text import Text
 from tieaudit.audit import Audit
 from tieaudit.core.escape import printable
 from tieaudit.core.records import Checkpoint, Consumer, PickleGlobal
-from tieaudit.core.units import human_bytes
+from tieaudit.core.units import human_bytes, plural
 from tieaudit.formats.hf_ties import CONFIG
 from tieaudit.formats.pickle_globals import VERDICTS
 from tieaudit.gate.check import CheckResult
@@ -152,8 +152,8 @@ def render_text(audit: Audit, color: bool = False, width: int = 120) -> str:
     console.print(
         cell(ckpt.path, "bold"),
         Text(
-            f"  format {ckpt.format}  {summary.tensors} tensors in "
-            f"{summary.storages} storages, {human_bytes(summary.bytes)} stored"
+            f"  format {ckpt.format}  {plural(summary.tensors, 'tensor')} in "
+            f"{plural(summary.storages, 'storage')}, {human_bytes(summary.bytes)} stored"
             + (f", {human_bytes(summary.wasted_bytes)} wasted" if summary.wasted_bytes else "")
         ),
         sep="",
@@ -174,13 +174,13 @@ def render_text(audit: Audit, color: bool = False, width: int = 120) -> str:
     table, hidden = _tensors_table(audit)
     console.print(table)
     if hidden:
-        console.print(f"{hidden} smaller tensors not shown; --format json lists every tensor.")
+        console.print(f"{plural(hidden, 'smaller tensor')} not shown; --format json lists every tensor.")
     for note in config_notes(ckpt) + training_lines(audit.graph):
         console.print(Text(f"note: {note}"), highlight=False, soft_wrap=True)
     if ckpt.pickle_globals:
         console.print(Text(pickle_globals_line(ckpt.pickle_globals)), highlight=False, soft_wrap=True)
     if ckpt.skipped:
-        console.print(f"{ckpt.skipped_total} non-tensor entries skipped (--format json lists them).")
+        console.print(f"{plural(ckpt.skipped_total, 'non-tensor entry')} skipped (--format json lists them).")
     return buffer.getvalue()
 
 
@@ -201,15 +201,13 @@ def _covers(ckpt: Checkpoint) -> str:
         return ""
     named = ", ".join(printable(name) for name in others[:COVERED_NAMED])
     more = len(others) - COVERED_NAMED
-    return f"; covers {named}" + (f" and {more} more {'file' if more == 1 else 'files'}" if more > 0 else "")
+    return f"; covers {named}" + (f" and {plural(more, 'more file')}" if more > 0 else "")
 
 
 def render_files(files: tuple[FileVerdict, ...]) -> str:
     """--show-files: every file with its verdict, then the target covering it or the reason."""
     counts = {v: sum(f.verdict == v for f in files) for v in ("audited", "covered", "skipped", "error")}
-    lines = [
-        "files: " + ", ".join(f"{n} {v if v != 'error' or n == 1 else 'errors'}" for v, n in counts.items())
-    ]
+    lines = ["files: " + ", ".join(plural(n, v) if v == "error" else f"{n} {v}" for v, n in counts.items())]
     for entry in files:
         line = f"{entry.verdict:<8} {printable(entry.path)}"
         if entry.verdict != "audited" and entry.reason:
@@ -228,7 +226,7 @@ def render_check_text(result: CheckResult, color: bool = False, width: int = 120
         console.print(
             status,
             Text(
-                f"{printable(ckpt.path)}  ({ckpt.format}, {summary.tensors} tensors, "
+                f"{printable(ckpt.path)}  ({ckpt.format}, {plural(summary.tensors, 'tensor')}, "
                 f"{human_bytes(summary.bytes)}"
                 + (f", {human_bytes(summary.wasted_bytes)} wasted" if summary.wasted_bytes else "")
                 + _covers(ckpt)
