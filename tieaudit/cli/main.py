@@ -13,23 +13,45 @@ if TYPE_CHECKING:
     from tieaudit.rules.finding import Severity
 
 from tieaudit.cli.common import (
+    beside_errors,
+    debug_option,
     echo_error,
     echo_note,
     output_options,
-    to_terminal,
+    report_width,
+    use_color,
     user_errors,
     write_output,
 )
+from tieaudit.core.errors import TieauditError
 from tieaudit.core.exit_codes import ExitCode
 from tieaudit.core.units import agree, plural
 from tieaudit.core.version import __version__
 from tieaudit.graph import DEFAULT_MIN_BYTES
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class TieauditGroup(click.Group):
+    """The command group: global options (--debug) are accepted after the command too, and a bare
+    ``tieaudit`` is a one-line usage error (exit 2, like click's own no-command case) rather than
+    the whole help printed as an error."""
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        """Register cmd with the group's global options added to it."""
+        cmd.params.append(debug_option())
+        super().add_command(cmd, name)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """Refuse an empty command line in one line, naming the commands."""
+        if not args and not ctx.resilient_parsing:
+            raise click.UsageError(f"missing command: one of {', '.join(self.list_commands(ctx))}", ctx)
+        return super().parse_args(ctx, args)
+
+
+@click.group(
+    cls=TieauditGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}
+)
 @click.version_option(__version__, prog_name="tieaudit")
-@click.option("--debug", is_flag=True, help="Show tracebacks for errors (for bug reports).")
-def cli(debug: bool) -> None:
+def cli() -> None:
     """Audit machine-learning checkpoints for weight tying.
 
     A tie is one parameter used in two places (input embedding and output projection).
@@ -38,7 +60,12 @@ def cli(debug: bool) -> None:
 
     Exit codes: 0 clean, 1 findings at or above --fail-on (check, runtime), 2 usage error
     or unreadable, unsafe or unsupported input, 3 a bug in tieaudit (please report it).
+
+    Shell completion: eval "$(_TIEAUDIT_COMPLETE=bash_source tieaudit)" (zsh_source, fish_source).
     """
+
+
+cli.params.append(debug_option())
 
 
 @cli.command()
@@ -70,7 +97,7 @@ def inspect(path: str, fmt: InspectFormat, output: str | None) -> None:
         if not one_model:
             _not_one_model(path, others)
     audit = audit_path(path)
-    write_output(render(audit, fmt, color=to_terminal(output)), output)
+    write_output(render(audit, fmt, color=use_color(output), width=report_width(output)), output)
     if others:
         count = plural(len(others), "other checkpoint")
         echo_note(f"{count} in {path} {agree(len(others), 'is')} audited by `tieaudit check {path}`")
@@ -241,7 +268,14 @@ def check(
         skip_lfs_pointers=skip_lfs_pointers,
     )
     if result.checked:  # no report at all when every path was bad input: nothing is written
-        report = render_check(result, fmt, color=to_terminal(output), show_files=show_files)
+        report = render_check(
+            result,
+            fmt,
+            color=use_color(output),
+            show_files=show_files,
+            width=report_width(output),
+            errors=not beside_errors(output),  # each error once: stderr shows it beside the report
+        )
         write_output(report, output)
     for error in result.errors:
         echo_error(f"{error.path}: {error.message}")
@@ -301,6 +335,12 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.BAD_INPUT if exc.exit_code == 1 else exc.exit_code  # click's UsageError is 2 already
     except click.Abort:
         click.echo("tieaudit: aborted", err=True)
+        return ExitCode.BAD_INPUT
+    except TieauditError as exc:  # re-raised under --debug for its traceback: still bad input
+        import traceback
+
+        traceback.print_exc()
+        echo_error(str(exc))
         return ExitCode.BAD_INPUT
     except Exception:  # a tieaudit bug, not bad input: keep the traceback for the report
         import traceback

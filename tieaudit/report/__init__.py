@@ -10,6 +10,7 @@ from tieaudit.core.units import human_bytes, plural
 from tieaudit.core.version import __version__
 from tieaudit.gate.check import Checked, CheckResult
 from tieaudit.gate.files import skipped_by_reason
+from tieaudit.report.layout import DEFAULT_WIDTH
 
 InspectFormat = Literal["text", "json", "dot"]
 """What ``inspect`` writes."""
@@ -17,8 +18,8 @@ CheckFormat = Literal["text", "json", "sarif"]
 """What ``check`` writes."""
 
 
-def render(audit: Audit, fmt: InspectFormat, *, color: bool = False) -> str:
-    """Render one audit in the named format."""
+def render(audit: Audit, fmt: InspectFormat, *, color: bool = False, width: int | None = None) -> str:
+    """Render one audit in the named format (text: coloured or not, fitting width columns)."""
     if fmt == "json":
         from tieaudit.report.json_report import render_json
 
@@ -29,7 +30,7 @@ def render(audit: Audit, fmt: InspectFormat, *, color: bool = False) -> str:
         return render_dot(audit)
     from tieaudit.report.text import render_text
 
-    return render_text(audit, color=color)
+    return render_text(audit, color=color, width=width or DEFAULT_WIDTH)
 
 
 def _check_report(checked: Checked) -> dict[str, Any]:
@@ -67,10 +68,17 @@ def check_dict(result: CheckResult) -> dict[str, Any]:
 
 
 def render_check(
-    result: CheckResult, fmt: CheckFormat, *, color: bool = False, show_files: bool = False
+    result: CheckResult,
+    fmt: CheckFormat,
+    *,
+    color: bool = False,
+    show_files: bool = False,
+    width: int | None = None,
+    errors: bool = True,
 ) -> str:
     """Render a check run as text, json (report/1 or check/1) or sarif; show_files adds the list of
-    files and their verdicts to the text (json always has it, as ``files``)."""
+    files and their verdicts to the text (json always has it, as ``files``); errors=False leaves the
+    ERROR lines out of the text (they are on stderr, where the report is shown too)."""
     if fmt == "json":
         return json.dumps(check_dict(result), indent=2) + "\n"
     if fmt == "sarif":
@@ -79,7 +87,7 @@ def render_check(
         return render_sarif(result)
     from tieaudit.report.text import render_check_text, render_files
 
-    text = render_check_text(result, color=color)
+    text = render_check_text(result, color=color, width=width or DEFAULT_WIDTH, errors=errors)
     return text + render_files(result.files) if show_files else text
 
 

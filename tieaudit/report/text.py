@@ -7,7 +7,6 @@ import os
 from collections import Counter
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from tieaudit.audit import Audit
@@ -19,6 +18,7 @@ from tieaudit.formats.pickle_globals import VERDICTS
 from tieaudit.gate.check import CheckResult
 from tieaudit.gate.files import FileVerdict
 from tieaudit.graph.alias import TieState
+from tieaudit.report.layout import DEFAULT_WIDTH, Cell, Grid, laid_out
 from tieaudit.report.training import training_lines
 
 MAX_TENSOR_ROWS = 30
@@ -57,14 +57,17 @@ def _tie_status(state: TieState) -> str:
     return "neither stored"
 
 
-def _groups_table(audit: Audit) -> Table:
-    table = Table(title="Tie groups (names sharing one storage)", title_justify="left")
-    for column in ("storage", "names", "relation", "size"):
-        table.add_column(column, justify="right" if column == "size" else "left")
+_SIZE = frozenset({"size", "wasted"})
+
+
+def _groups_table(audit: Audit) -> Grid:
+    table = Grid(
+        "Tie groups (names sharing one storage)", ("storage", "names", "relation", "size"), right=_SIZE
+    )
     for group in audit.graph.groups:
         aliases = set(group.aliases)
         names = [f"{name} (Identity alias)" if name in aliases else name for name in group.names]
-        table.add_row(cell(group.storage_id), cells(names), group.relation, human_bytes(group.nbytes))
+        table.rows.append((cell(group.storage_id), cells(names), group.relation, human_bytes(group.nbytes)))
     return table
 
 
@@ -73,13 +76,12 @@ def _use(consumer: Consumer) -> str:
     return f"{consumer.op_type} {consumer.node} (input {consumer.slot}){where}"
 
 
-def _consumer_ties_table(audit: Audit) -> Table:
-    table = Table(
-        title="Ties kept by shared consumers (one initializer read as embedding and as head)",
-        title_justify="left",
+def _consumer_ties_table(audit: Audit) -> Grid:
+    table = Grid(
+        "Ties kept by shared consumers (one initializer read as embedding and as head)",
+        ("initializer", "consumers", "role", "size"),
+        right=_SIZE,
     )
-    for column in ("initializer", "consumers", "role", "size"):
-        table.add_column(column, justify="right" if column == "size" else "left")
     for tie in audit.graph.consumer_ties:
         uses: list[str] = []
         roles: list[str] = []
@@ -90,48 +92,45 @@ def _consumer_ties_table(audit: Audit) -> Table:
                 uses.append(f"  -> {_use(reached)}")
                 roles.append("")
         names = [tie.initializer, *(f"(alias {alias})" for alias in tie.aliases)]
-        table.add_row(cells(names), cells(uses), Text("\n".join(roles)), human_bytes(tie.nbytes))
+        table.rows.append((cells(names), cells(uses), Text("\n".join(roles)), human_bytes(tie.nbytes)))
     return table
 
 
-def _ties_table(audit: Audit) -> Table:
-    table = Table(title="Declared ties", title_justify="left")
-    for column in ("target", "source", "declared by", "status"):
-        table.add_column(column)
+def _ties_table(audit: Audit) -> Grid:
+    table = Grid("Declared ties", ("target", "source", "declared by", "status"))
     for state in audit.graph.ties:
-        table.add_row(
-            cell(state.tie.dropped), cell(state.tie.kept), cell(state.tie.where), _tie_status(state)
-        )
+        tie = state.tie
+        table.rows.append((cell(tie.dropped), cell(tie.kept), cell(tie.where), _tie_status(state)))
     return table
 
 
-def _findings_table(audit: Audit) -> Table:
-    table = Table(title="Findings", title_justify="left")
-    for column in ("rule", "severity", "names", "wasted", "message"):
-        table.add_column(column, justify="right" if column == "wasted" else "left")
+def _findings_table(audit: Audit) -> Grid:
+    table = Grid("Findings", ("rule", "severity", "names", "wasted", "message"), right=_SIZE)
     for finding in audit.findings:
-        table.add_row(
-            f"{finding.rule} {finding.kind}",
-            Text(finding.severity, style=_SEVERITY_STYLE[finding.severity]),
-            cells(finding.names),
-            human_bytes(finding.wasted_bytes) if finding.wasted_bytes else "",
-            Text("\n").join([cell(finding.message), *([cell(f"fix: {finding.fix}")] if finding.fix else [])]),
+        table.rows.append(
+            (
+                f"{finding.rule} {finding.kind}",
+                Text(finding.severity, style=_SEVERITY_STYLE[finding.severity]),
+                cells(finding.names),
+                human_bytes(finding.wasted_bytes) if finding.wasted_bytes else "",
+                Text("\n").join(
+                    [cell(finding.message), *([cell(f"fix: {finding.fix}")] if finding.fix else [])]
+                ),
+            )
         )
     return table
 
 
-def _tensors_table(audit: Audit) -> tuple[Table, int]:
+def _tensors_table(audit: Audit) -> tuple[Grid, int]:
     ckpt = audit.graph.checkpoint
     shared = {name for group in audit.graph.groups for name in group.names}
     tensors = sorted(ckpt.tensors, key=lambda t: -t.nbytes)
     shown = tensors[:MAX_TENSOR_ROWS]
     # A storage column says something only where storages are shared (never in safetensors).
     columns = ("name", "dtype", "shape", "size") + (("storage",) if shared else ())
-    table = Table(title="Tensors (largest first)", title_justify="left")
-    for column in columns:
-        table.add_column(column, justify="right" if column == "size" else "left")
+    table = Grid("Tensors (largest first)", columns, right=_SIZE)
     for tensor in shown:
-        row: list[Text | str] = [
+        row: list[Cell] = [
             cell(tensor.name),
             tensor.dtype,
             "x".join(map(str, tensor.shape)) or "scalar",
@@ -139,12 +138,13 @@ def _tensors_table(audit: Audit) -> tuple[Table, int]:
         ]
         if shared:
             row.append(cell(tensor.storage_id + (" (shared)" if tensor.name in shared else "")))
-        table.add_row(*row)
+        table.rows.append(tuple(row))
     return table, len(tensors) - len(shown)
 
 
-def render_text(audit: Audit, color: bool = False, width: int = 120) -> str:
-    """The report as text for a terminal (color) or a file (plain)."""
+def render_text(audit: Audit, color: bool = False, width: int = DEFAULT_WIDTH) -> str:
+    """The report as text for a terminal (color) or a file (plain), its tables fitting width (a table
+    too wide for it is printed as records; names fold onto the next line, never cut)."""
     buffer = io.StringIO()
     console = Console(file=buffer, force_terminal=color, no_color=not color, width=width)
     ckpt = audit.graph.checkpoint
@@ -160,19 +160,19 @@ def render_text(audit: Audit, color: bool = False, width: int = 120) -> str:
         highlight=False,
     )
     if audit.graph.groups:
-        console.print(_groups_table(audit))
+        console.print(laid_out(_groups_table(audit), width))
     else:
         console.print("No names share a storage.")
     if audit.graph.consumer_ties:
-        console.print(_consumer_ties_table(audit))
+        console.print(laid_out(_consumer_ties_table(audit), width))
     if audit.graph.ties:
-        console.print(_ties_table(audit))
+        console.print(laid_out(_ties_table(audit), width))
     if audit.findings:
-        console.print(_findings_table(audit))
+        console.print(laid_out(_findings_table(audit), width))
     else:
         console.print("No findings.")
     table, hidden = _tensors_table(audit)
-    console.print(table)
+    console.print(laid_out(table, width))
     if hidden:
         console.print(f"{plural(hidden, 'smaller tensor')} not shown; --format json lists every tensor.")
     for note in config_notes(ckpt) + training_lines(audit.graph):
@@ -216,8 +216,11 @@ def render_files(files: tuple[FileVerdict, ...]) -> str:
     return "".join(line + "\n" for line in lines)
 
 
-def render_check_text(result: CheckResult, color: bool = False, width: int = 120) -> str:
-    """One status line per checkpoint (ok, FAIL, ERROR) with its findings beneath."""
+def render_check_text(
+    result: CheckResult, color: bool = False, width: int = DEFAULT_WIDTH, *, errors: bool = True
+) -> str:
+    """One status line per checkpoint (ok, FAIL, ERROR unless not errors) with its findings beneath;
+    lines are not broken (a terminal wraps them, a log keeps one line per finding)."""
     buffer = io.StringIO()
     console = Console(file=buffer, force_terminal=color, no_color=not color, width=width)
     for checked in result.checked:
@@ -249,7 +252,7 @@ def render_check_text(result: CheckResult, color: bool = False, width: int = 120
             )
             if finding.fix and not accepted:
                 console.print(cell(f"      fix: {finding.fix}", "dim"), highlight=False, soft_wrap=True)
-    for error in result.errors:
+    for error in result.errors if errors else ():
         console.print(
             Text("ERROR", style="bold red"),
             Text(f" {printable(error.path)}: {printable(error.message)}"),
