@@ -181,7 +181,12 @@ def render_text(audit: Audit, color: bool = False, width: int = DEFAULT_WIDTH) -
         console.print(Text(pickle_globals_line(ckpt.pickle_globals)), highlight=False, soft_wrap=True)
     if ckpt.skipped:
         console.print(f"{plural(ckpt.skipped_total, 'non-tensor entry')} skipped (--format json lists them).")
-    return buffer.getvalue()
+    return _trimmed(buffer.getvalue())
+
+
+def _trimmed(text: str) -> str:
+    """Without the spaces rich pads titles and records with to the width (noise in files and diffs)."""
+    return "".join(line.rstrip(" ") + "\n" for line in text.splitlines())
 
 
 def pickle_globals_line(used: tuple[PickleGlobal, ...]) -> str:
@@ -260,4 +265,4 @@ def render_check_text(
             highlight=False,
             soft_wrap=True,
         )
-    return buffer.getvalue()
+    return _trimmed(buffer.getvalue())
