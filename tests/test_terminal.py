@@ -110,14 +110,11 @@ def _without_colour(text: str) -> str:
 
 @pytest.mark.parametrize("width", [60, 200])
 def test_inspect_fits_the_width_and_folds_every_name_whole(
-    long_names: Path, tmp_path: Path, width: int
+    long_names: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, width: int
 ) -> None:
     report = tmp_path / "report.txt"
-    os.environ["COLUMNS"] = str(width)  # COLUMNS applies to a file too
-    try:
-        assert main(["inspect", str(long_names), "-o", str(report)]) == 0
-    finally:
-        del os.environ["COLUMNS"]
+    monkeypatch.setenv("COLUMNS", str(width))  # COLUMNS applies to a file too
+    assert main(["inspect", str(long_names), "-o", str(report)]) == 0
     text = report.read_text()
     assert "…" not in text and "..." not in text
     too_wide = [line for line in text.splitlines() if cell_len(line) > width]
