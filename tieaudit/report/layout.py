@@ -28,7 +28,7 @@ _INDENT = 2
 Cell = Text | str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Grid:
     """A table's content, independent of how it is laid out."""
 

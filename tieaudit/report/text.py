@@ -62,7 +62,9 @@ _SIZE = frozenset({"size", "wasted"})
 
 def _groups_table(audit: Audit) -> Grid:
     table = Grid(
-        "Tie groups (names sharing one storage)", ("storage", "names", "relation", "size"), right=_SIZE
+        title="Tie groups (names sharing one storage)",
+        columns=("storage", "names", "relation", "size"),
+        right=_SIZE,
     )
     for group in audit.graph.groups:
         aliases = set(group.aliases)
@@ -78,8 +80,8 @@ def _use(consumer: Consumer) -> str:
 
 def _consumer_ties_table(audit: Audit) -> Grid:
     table = Grid(
-        "Ties kept by shared consumers (one initializer read as embedding and as head)",
-        ("initializer", "consumers", "role", "size"),
+        title="Ties kept by shared consumers (one initializer read as embedding and as head)",
+        columns=("initializer", "consumers", "role", "size"),
         right=_SIZE,
     )
     for tie in audit.graph.consumer_ties:
@@ -97,7 +99,7 @@ def _consumer_ties_table(audit: Audit) -> Grid:
 
 
 def _ties_table(audit: Audit) -> Grid:
-    table = Grid("Declared ties", ("target", "source", "declared by", "status"))
+    table = Grid(title="Declared ties", columns=("target", "source", "declared by", "status"))
     for state in audit.graph.ties:
         tie = state.tie
         table.rows.append((cell(tie.dropped), cell(tie.kept), cell(tie.where), _tie_status(state)))
@@ -105,7 +107,7 @@ def _ties_table(audit: Audit) -> Grid:
 
 
 def _findings_table(audit: Audit) -> Grid:
-    table = Grid("Findings", ("rule", "severity", "names", "wasted", "message"), right=_SIZE)
+    table = Grid(title="Findings", columns=("rule", "severity", "names", "wasted", "message"), right=_SIZE)
     for finding in audit.findings:
         table.rows.append(
             (
@@ -128,7 +130,7 @@ def _tensors_table(audit: Audit) -> tuple[Grid, int]:
     shown = tensors[:MAX_TENSOR_ROWS]
     # A storage column says something only where storages are shared (never in safetensors).
     columns = ("name", "dtype", "shape", "size") + (("storage",) if shared else ())
-    table = Grid("Tensors (largest first)", columns, right=_SIZE)
+    table = Grid(title="Tensors (largest first)", columns=columns, right=_SIZE)
     for tensor in shown:
         row: list[Cell] = [
             cell(tensor.name),
