@@ -57,6 +57,23 @@ def debug_option() -> click.Option:
     )
 
 
+class TieauditGroup(click.Group):
+    """The command group: global options (--debug) are accepted after the command too, and a bare
+    ``tieaudit`` is a one-line usage error (exit 2, like click's own no-command case) rather than
+    the whole help printed as an error."""
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        """Register cmd with the group's global options added to it."""
+        cmd.params.append(debug_option())
+        super().add_command(cmd, name)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """Refuse an empty command line in one line, naming the commands."""
+        if not args and not ctx.resilient_parsing:
+            raise click.UsageError(f"missing command: one of {', '.join(self.list_commands(ctx))}", ctx)
+        return super().parse_args(ctx, args)
+
+
 def debugging() -> bool:
     """Whether --debug was given (anywhere on the command line) or TIEAUDIT_DEBUG is set."""
     ctx = click.get_current_context(silent=True)

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from tieaudit.rules.finding import Severity
 
 from tieaudit.cli.common import (
+    TieauditGroup,
     beside_errors,
     debug_option,
     echo_error,
@@ -28,23 +29,6 @@ from tieaudit.core.exit_codes import ExitCode
 from tieaudit.core.units import agree, plural
 from tieaudit.core.version import __version__
 from tieaudit.graph import DEFAULT_MIN_BYTES
-
-
-class TieauditGroup(click.Group):
-    """The command group: global options (--debug) are accepted after the command too, and a bare
-    ``tieaudit`` is a one-line usage error (exit 2, like click's own no-command case) rather than
-    the whole help printed as an error."""
-
-    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
-        """Register cmd with the group's global options added to it."""
-        cmd.params.append(debug_option())
-        super().add_command(cmd, name)
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        """Refuse an empty command line in one line, naming the commands."""
-        if not args and not ctx.resilient_parsing:
-            raise click.UsageError(f"missing command: one of {', '.join(self.list_commands(ctx))}", ctx)
-        return super().parse_args(ctx, args)
 
 
 @click.group(
