@@ -19,6 +19,7 @@ from safetensors.numpy import save_file
 
 from tieaudit.cli.common import report_width, use_color
 from tieaudit.cli.main import main
+from tieaudit.core.escape import unforgeable_lines
 from tieaudit.core.units import agree, plural
 from tieaudit.report.layout import DEFAULT_WIDTH, MIN_WIDTH
 
@@ -127,6 +128,24 @@ def test_inspect_fits_the_width_and_folds_every_name_whole(
         assert "┃ name" in text and all(f"│ {name} " in text for name in NAMES)
     else:  # the findings table cannot fit: one record per finding
         assert "  names     bert.embeddings.word_embeddings.weight" in text
+
+
+def test_a_folded_name_never_starts_a_line_with_a_workflow_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    matrix = np.random.default_rng(0).standard_normal((64, 16)).astype(np.float32)
+    names = ["a" * n + "::error::forged" for n in range(30, 60)]  # some fold right before '::'
+    path = tmp_path / "forge.safetensors"
+    save_file({name: matrix.copy() for name in names}, str(path))
+    report = tmp_path / "report.txt"
+    monkeypatch.setenv("COLUMNS", "60")
+    assert main(["inspect", str(path), "-o", str(report)]) == 0
+    text = report.read_text()
+    assert [line for line in text.splitlines() if line.lstrip().startswith("::")] == []
+    assert "·::" in text  # a fold did land there: the guard took the blank's place
+    findings = text.split("Findings", 1)[1].split("Tensors", 1)[0]
+    assert all(_folded(findings, name) for name in names)
+    assert unforgeable_lines("  ::error::x\n::warning::y\nok ::z") == " ·::error::x\n·::warning::y\nok ::z"
 
 
 def test_inspect_follows_the_real_terminal_width_and_colours_it(long_names: Path) -> None:

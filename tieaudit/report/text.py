@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.text import Text
 
 from tieaudit.audit import Audit
-from tieaudit.core.escape import printable
+from tieaudit.core.escape import printable, unforgeable_lines
 from tieaudit.core.records import Checkpoint, Consumer, PickleGlobal
 from tieaudit.core.units import human_bytes, plural
 from tieaudit.formats.hf_ties import CONFIG
@@ -187,8 +187,9 @@ def render_text(audit: Audit, color: bool = False, width: int = DEFAULT_WIDTH) -
 
 
 def _trimmed(text: str) -> str:
-    """Without the spaces rich pads titles and records with to the width (noise in files and diffs)."""
-    return "".join(line.rstrip(" ") + "\n" for line in text.splitlines())
+    """Without the spaces rich pads titles and records with to the width (noise in files and diffs),
+    and with no line a folded name starts with '::' (a CI workflow command)."""
+    return unforgeable_lines("".join(line.rstrip(" ") + "\n" for line in text.splitlines()))
 
 
 def pickle_globals_line(used: tuple[PickleGlobal, ...]) -> str:
