@@ -219,6 +219,26 @@ def test_an_error_during_check_is_shown_once(
     assert f"ERROR {broken}: " in report.read_text()
 
 
+def test_a_runtime_configuration_error_is_shown_once(tmp_path: Path) -> None:
+    from test_runtime import FAST, tied_lm
+
+    from tieaudit.runtime.probe import CRASH_ENV
+
+    model = tied_lm(tmp_path / "m.onnx")
+    together = subprocess.run(  # 2>&1: stderr's line is the one
+        [sys.executable, "-m", "tieaudit", "runtime", str(model), *FAST],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(**{CRASH_ENV: "default"}),
+        check=False,
+    )
+    assert together.returncode == 2 and together.stdout.count("onnxruntime crashed") == 1, together.stdout
+    assert "Errors:" not in together.stdout
+    apart = _run(["runtime", str(model), *FAST], **{CRASH_ENV: "default"})
+    assert "Errors:" in apart.stdout and apart.stderr.count("onnxruntime crashed") == 1
+
+
 def test_plural_forms() -> None:
     assert [plural(n, "error") for n in (0, 1, 2)] == ["0 errors", "1 error", "2 errors"]
     assert [plural(n, "copy") for n in (0, 1, 2)] == ["0 copies", "1 copy", "2 copies"]
