@@ -257,7 +257,7 @@ def test_counts_in_messages_agree(long_names: Path, broken: Path, tmp_path: Path
     assert "tieaudit: 1 checkpoint, 1 failing, 2 errors," in two.stderr
     scalar = tmp_path / "one.safetensors"
     save_file({"w": np.zeros((4,), np.float32)}, str(scalar))
-    inspected = _run(["inspect", str(scalar)])
+    inspected = _run(["inspect", str(scalar)], COLUMNS="300")  # the header line unbroken
     assert "1 tensor in 1 storage," in inspected.stdout
     checked = _run(["check", str(scalar)])
     assert "(safetensors, 1 tensor, 16 B)" in checked.stdout
