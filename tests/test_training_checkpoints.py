@@ -190,7 +190,7 @@ def test_a_trainer_folder_is_one_checkpoint(corpus: Corpus, tmp_path: Path) -> N
     assert roles["optimizer.pt"] == ("optimizer", "read, 48 tensors")  # 16 parameters x 3 entries
     assert roles["scheduler.pt"] == ("lr-scheduler", "read, no tensors")
     # numpy arrays and TrainingArguments are read as inert placeholders (pickle_globals).
-    assert roles["rng_state.pth"] == ("rng-state", "read, 1 tensors")  # torch's CPU generator state
+    assert roles["rng_state.pth"] == ("rng-state", "read, 1 tensor")  # torch's CPU generator state
     assert roles["training_args.bin"] == ("training-args", "read, no tensors")
     verdicts = {(g["file"], g["name"]): g["verdict"] for g in audited["pickle_globals"]}
     assert verdicts[("rng_state.pth", "numpy.ndarray")] == "known-data"

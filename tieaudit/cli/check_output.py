@@ -7,7 +7,15 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from tieaudit.cli.common import F, echo_error, echo_note, to_terminal, write_output
+from tieaudit.cli.common import (
+    F,
+    beside_errors,
+    echo_error,
+    echo_note,
+    report_width,
+    use_color,
+    write_output,
+)
 from tieaudit.core.errors import TieauditError
 
 if TYPE_CHECKING:
@@ -27,7 +35,15 @@ def show_check(
     from tieaudit.report import check_report_due, closing_line, render_check
 
     if check_report_due(result, fmt):
-        report = render_check(result, fmt, color=to_terminal(output), show_files=show_files, quiet=quiet)
+        report = render_check(
+            result,
+            fmt,
+            color=use_color(output),
+            show_files=show_files,
+            quiet=quiet,
+            width=report_width(output),
+            errors=not beside_errors(output),  # each error once: stderr shows it beside the report
+        )
         write_output(report, output)
         click.get_current_context().meta[WRITTEN] = True
     if not quiet:

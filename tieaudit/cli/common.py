@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import io
 import os
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -41,6 +43,49 @@ def echo_note(message: str) -> None:
     click.echo(f"tieaudit: {printable(message)}", err=True)
 
 
+DEBUG = "tieaudit.debug"
+"""ctx.meta key --debug sets (meta is shared by the group's context and the command's)."""
+
+
+def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.meta[DEBUG] = True
+
+
+def debug_option() -> click.Option:
+    """--debug, accepted before the command (on the group) and after it (on every command)."""
+    return click.Option(
+        ["--debug"],
+        is_flag=True,
+        expose_value=False,
+        callback=_set_debug,
+        help="Show tracebacks for errors (for bug reports); before or after the command.",
+    )
+
+
+class TieauditGroup(click.Group):
+    """The command group: global options (--debug) are accepted after the command too, and a bare
+    ``tieaudit`` is a one-line usage error (exit 2, like click's own no-command case) rather than
+    the whole help printed as an error."""
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        """Register cmd with the group's global options added to it."""
+        cmd.params.append(debug_option())
+        super().add_command(cmd, name)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """Refuse an empty command line in one line, naming the commands."""
+        if not args and not ctx.resilient_parsing:
+            raise click.UsageError(f"missing command: one of {', '.join(self.list_commands(ctx))}", ctx)
+        return super().parse_args(ctx, args)
+
+
+def debugging() -> bool:
+    """Whether --debug was given (anywhere on the command line) or TIEAUDIT_DEBUG is set."""
+    ctx = click.get_current_context(silent=True)
+    return bool(os.environ.get("TIEAUDIT_DEBUG")) or (ctx is not None and bool(ctx.meta.get(DEBUG)))
+
+
 def user_errors(command: F) -> F:
     """Turn library errors into one line and exit 2 (a traceback only with --debug)."""
 
@@ -49,8 +94,7 @@ def user_errors(command: F) -> F:
         try:
             return command(*args, **kwargs)
         except TieauditError as exc:
-            ctx = click.get_current_context(silent=True)
-            if ctx is not None and (ctx.find_root().params.get("debug") or os.environ.get("TIEAUDIT_DEBUG")):
+            if debugging():
                 raise
             raise CliError(str(exc)) from exc
 
@@ -75,15 +119,51 @@ STDOUT = "-"
 
 def to_terminal(output: str | None) -> bool:
     """Whether the report goes to a terminal (so colour and width may follow it)."""
-    import sys
-
     return output in (None, STDOUT) and sys.stdout.isatty()
+
+
+def use_color(output: str | None) -> bool:
+    """Whether the report is coloured, decided here for every command: never with NO_COLOR set
+    (non-empty, no-color.org; it wins, as in Python's own colour rules) or into an --output file;
+    always on stdout with FORCE_COLOR set (non-empty), even a pipe; else only on a terminal."""
+    if os.environ.get("NO_COLOR") or output not in (None, STDOUT):
+        return False
+    return bool(os.environ.get("FORCE_COLOR")) or sys.stdout.isatty()
+
+
+def report_width(output: str | None) -> int:
+    """Columns the text report fits in: COLUMNS when set (also for a pipe or an --output file), else
+    the terminal's width when the report goes to one, else DEFAULT_WIDTH; at least MIN_WIDTH."""
+    import shutil
+
+    from tieaudit.report.layout import DEFAULT_WIDTH, MIN_WIDTH
+
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        width = int(columns)
+    elif to_terminal(output):
+        width = shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
+    else:
+        width = DEFAULT_WIDTH
+    return max(width, MIN_WIDTH)
+
+
+def beside_errors(output: str | None) -> bool:
+    """Whether the report lands where stderr's error lines do (the same terminal, or ``2>&1``): a
+    report listing its errors would then show each one twice."""
+    if output not in (None, STDOUT):
+        return False
+    try:
+        return os.path.samestat(os.fstat(sys.stdout.fileno()), os.fstat(sys.stderr.fileno()))
+    except (OSError, ValueError, io.UnsupportedOperation):  # a stream without a descriptor (tests)
+        return False
 
 
 def write_output(text: str, output: str | None) -> None:
     """Write the report to --output (a file atomically, a device or FIFO directly) or stdout."""
     if output is None or output == STDOUT:
-        click.echo(text, nl=False)
+        # color=True: use_color decided already (FORCE_COLOR into a pipe); click would strip it
+        click.echo(text, nl=False, color=True)
         return
     from tieaudit.core.atomic import write_text_atomic
 

@@ -15,24 +15,30 @@ if TYPE_CHECKING:
 from tieaudit.cli.check_output import report_failures, show_check
 from tieaudit.cli.common import (
     SizeParam,
+    TieauditGroup,
+    debug_option,
     echo_error,
     echo_note,
     echo_warning,
     from_cache,
     output_options,
-    to_terminal,
+    report_width,
+    use_color,
     user_errors,
     write_output,
 )
+from tieaudit.core.errors import TieauditError
 from tieaudit.core.exit_codes import ExitCode
+from tieaudit.core.units import agree, plural
 from tieaudit.core.version import __version__
 from tieaudit.graph import DEFAULT_MIN_BYTES
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    cls=TieauditGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}
+)
 @click.version_option(__version__, prog_name="tieaudit")
-@click.option("--debug", is_flag=True, help="Show tracebacks for errors (for bug reports).")
-def cli(debug: bool) -> None:
+def cli() -> None:
     """Audit machine-learning checkpoints for weight tying.
 
     A tie is one parameter used in two places (input embedding and output projection).
@@ -41,7 +47,12 @@ def cli(debug: bool) -> None:
 
     Exit codes: 0 clean, 1 findings at or above --fail-on (check, runtime), 2 usage error
     or unreadable, unsafe or unsupported input, 3 a bug in tieaudit (please report it).
+
+    Shell completion: eval "$(_TIEAUDIT_COMPLETE=bash_source tieaudit)" (zsh_source, fish_source).
     """
+
+
+cli.params.append(debug_option())
 
 
 @cli.command()
@@ -75,12 +86,10 @@ def inspect(path: str, fmt: InspectFormat, output: str | None) -> None:
         if not one_model:
             _not_one_model(path, others)
     audit = audit_path(path)
-    write_output(render(audit, fmt, color=to_terminal(output)), output)
+    write_output(render(audit, fmt, color=use_color(output), width=report_width(output)), output)
     if others:
-        count = f"{len(others)} other {'checkpoint' if len(others) == 1 else 'checkpoints'}"
-        echo_note(
-            f"{count} in {path} {'is' if len(others) == 1 else 'are'} audited by `tieaudit check {path}`"
-        )
+        count = plural(len(others), "other checkpoint")
+        echo_note(f"{count} in {path} {agree(len(others), 'is')} audited by `tieaudit check {path}`")
 
 
 def _not_one_model(path: str, checkpoints: tuple[str, ...]) -> None:
@@ -89,7 +98,7 @@ def _not_one_model(path: str, checkpoints: tuple[str, ...]) -> None:
     if not checkpoints:
         echo_error(f"{path}: no weights found: not one model ({why}), and no checkpoint under it")
     else:
-        count = f"{len(checkpoints)} {'checkpoint' if len(checkpoints) == 1 else 'checkpoints'}"
+        count = plural(len(checkpoints), "checkpoint")
         echo_error(f"{path}: not one model ({why}); `tieaudit check {path}` audits the {count} under it:")
         for checkpoint in checkpoints:
             echo_note(f"  {checkpoint}")
@@ -285,7 +294,7 @@ def check(
     code = result.exit_code(writing_baseline=write_baseline_path is not None, exit_zero=exit_zero)
     if write_baseline_path and code != ExitCode.BAD_INPUT:
         count = write_baseline(write_baseline_path, result.audits)
-        echo_note(f"wrote {count} findings to {write_baseline_path}")
+        echo_note(f"wrote {plural(count, 'finding')} to {write_baseline_path}")
     if code:
         raise click.exceptions.Exit(code)
 
@@ -331,6 +340,12 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.BAD_INPUT if exc.exit_code == 1 else exc.exit_code  # click's UsageError is 2 already
     except click.Abort:
         click.echo("tieaudit: aborted", err=True)
+        return ExitCode.BAD_INPUT
+    except TieauditError as exc:  # re-raised under --debug for its traceback: still bad input
+        import traceback
+
+        traceback.print_exc()
+        echo_error(str(exc))
         return ExitCode.BAD_INPUT
     except Exception:  # a tieaudit bug, not bad input: keep the traceback for the report
         import traceback

@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from tieaudit.cli.common import SizeParam, echo_error, output_options, user_errors, write_output
+from tieaudit.cli.common import (
+    SizeParam,
+    beside_errors,
+    echo_error,
+    output_options,
+    user_errors,
+    write_output,
+)
 from tieaudit.core.exit_codes import ExitCode
 
 if TYPE_CHECKING:
@@ -179,7 +186,10 @@ def runtime(
         embed_weights=embed_weights,
         memory_limit=None if memory_limit is None else checked_memory_limit(memory_limit, "--memory-limit"),
     )
-    write_output(render_runtime_json(report) if fmt == "json" else render_runtime_text(report), output)
+    errors = not beside_errors(output)  # each error once: stderr shows them beside the report
+    write_output(
+        render_runtime_json(report) if fmt == "json" else render_runtime_text(report, errors=errors), output
+    )
     for result in report.errors:
         echo_error(f"{model}: config {result.config.name}: {result.error}")
     code = report.exit_code(fail_on, exit_zero=exit_zero)

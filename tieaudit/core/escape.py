@@ -42,3 +42,21 @@ def quoted(text: str, limit: int = 200) -> str:
     characters (a name from a file can be megabytes long)."""
     cut = text if len(text) <= limit else text[:limit]
     return f"'{printable(cut)}{'...' if len(text) > limit else ''}'"
+
+
+COMMAND_GUARD = "·"
+"""Put before a line that would begin (after blanks) with '::': a CI runner reads such a line as a
+workflow command, and a name folded at a column boundary can start a line with its own '::'."""
+
+
+def unforgeable_lines(text: str) -> str:
+    """text with no line beginning, after blanks, with '::' (the guard takes one blank's place)."""
+    if "::" not in text:
+        return text
+    lines = text.split("\n")
+    for index, line in enumerate(lines):
+        rest = line.lstrip()
+        if rest.startswith("::"):
+            blanks = len(line) - len(rest)
+            lines[index] = " " * max(blanks - 1, 0) + COMMAND_GUARD + rest
+    return "\n".join(lines)

@@ -1,4 +1,5 @@
-"""Human-readable sizes, both ways: 1536 -> '1.5 KiB', and '4GiB' / '512MB' / '1048576' -> bytes."""
+"""Human-readable sizes, both ways: 1536 -> '1.5 KiB', and '4GiB' / '512MB' / '1048576' -> bytes;
+and counts with the noun agreeing: plural(1, 'error') -> '1 error', plural(2, 'copy') -> '2 copies'."""
 
 from __future__ import annotations
 
@@ -58,3 +59,35 @@ def parse_size(text: str) -> int:
     scale = SIZE_UNITS[unit]
     parts = (int(fraction) * scale) // 10 ** len(fraction) if fraction else 0
     return int(whole) * scale + parts
+
+
+_IRREGULAR = {"is": "are", "was": "were", "has": "have", "this": "these", "that": "those", "it": "they"}
+"""Words whose plural is not the noun rule's (verbs and pronouns that agree with a count)."""
+
+
+def plural_word(word: str) -> str:
+    """The plural of one English word: 'copy' -> 'copies', 'entry' -> 'entries', 'class' ->
+    'classes', 'is' -> 'are', 'tensor' -> 'tensors'."""
+    if word in _IRREGULAR:
+        return _IRREGULAR[word]
+    if word.endswith("y") and len(word) > 1 and word[-2] not in "aeiou":
+        return word[:-1] + "ies"
+    if word.endswith(("s", "x", "z", "ch", "sh")):
+        return word + "es"
+    return word + "s"
+
+
+def plural(count: int, noun: str, plural_form: str | None = None) -> str:
+    """'1 error', '0 errors', '2 copies', '3 baselined findings': the count and the noun agreeing
+    with it (the last word of the noun is made plural, or plural_form is used when given)."""
+    if count == 1:
+        return f"{count} {noun}"
+    if plural_form is None:
+        head, _, last = noun.rpartition(" ")
+        plural_form = f"{head} {plural_word(last)}" if head else plural_word(last)
+    return f"{count} {plural_form}"
+
+
+def agree(count: int, word: str) -> str:
+    """A word agreeing with a count, without the count: agree(2, 'is') -> 'are'."""
+    return word if count == 1 else plural_word(word)

@@ -22,6 +22,7 @@ from typing import Any
 from tieaudit.core.errors import InputError
 from tieaudit.core.records import Checkpoint, PickleGlobal, Skipped, StorageInfo, TensorInfo
 from tieaudit.core.training import OptimizerRecord, OptimizerSlot, TrainingLayout, TrainingPart
+from tieaudit.core.units import plural
 
 TRAINER_FILES = {
     "trainer_state.json": "trainer-state",
@@ -170,7 +171,7 @@ def read_trainer_files(folder: str, files: Sequence[tuple[str, str, str]]) -> Tr
         layout: TrainingLayout | None = ckpt.training
         found = [_prefixed_optimizer(o, stem, file) for o in layout.optimizers] if layout else []
         optimizers += found
-        status = "read" + (f", {len(ckpt.tensors)} tensors" if ckpt.tensors else ", no tensors")
+        status = "read" + (f", {plural(len(ckpt.tensors), 'tensor')}" if ckpt.tensors else ", no tensors")
         parts.append(TrainingPart(path=file, role=role, status=status))
     return TrainerRead(
         tensors=tuple(tensors),

@@ -7,10 +7,11 @@ import json
 from typing import Any, Literal
 
 from tieaudit.audit import Audit
-from tieaudit.core.units import human_bytes
+from tieaudit.core.units import human_bytes, plural
 from tieaudit.core.version import __version__
 from tieaudit.gate.check import Checked, CheckResult
 from tieaudit.gate.files import skipped_by_reason
+from tieaudit.report.layout import DEFAULT_WIDTH
 
 InspectFormat = Literal["text", "json", "dot"]
 """What ``inspect`` writes."""
@@ -24,8 +25,8 @@ upload, the job summary, annotations) that must show why the run failed. text an
 the error lines on stderr are the report, and a JSON consumer keeps 'bad input: nothing written'."""
 
 
-def render(audit: Audit, fmt: InspectFormat, *, color: bool = False) -> str:
-    """Render one audit in the named format."""
+def render(audit: Audit, fmt: InspectFormat, *, color: bool = False, width: int | None = None) -> str:
+    """Render one audit in the named format (text: coloured or not, fitting width columns)."""
     if fmt == "json":
         from tieaudit.report.json_report import render_json
 
@@ -36,7 +37,7 @@ def render(audit: Audit, fmt: InspectFormat, *, color: bool = False) -> str:
         return render_dot(audit)
     from tieaudit.report.text import render_text
 
-    return render_text(audit, color=color)
+    return render_text(audit, color=color, width=width or DEFAULT_WIDTH)
 
 
 def _check_report(checked: Checked) -> dict[str, Any]:
@@ -80,11 +81,14 @@ def render_check(
     color: bool = False,
     show_files: bool = False,
     quiet: bool = False,
+    width: int | None = None,
+    errors: bool = True,
 ) -> str:
     """Render a check run as text, json (report/1 or check/1), sarif, markdown or github; show_files
     adds the list of files and their verdicts to the text (json always has it, as ``files``); quiet
     keeps only failing checkpoints and errors in text, markdown and github (json and sarif are
-    records for machines and stay whole)."""
+    records for machines and stay whole); errors=False leaves the ERROR lines out of the text (they
+    are on stderr, where the report is shown too)."""
     if fmt == "json":
         return json.dumps(check_dict(result), indent=2) + "\n"
     if fmt == "sarif":
@@ -101,7 +105,7 @@ def render_check(
         return render_github(result, quiet=quiet)
     from tieaudit.report.text import render_check_text, render_files
 
-    text = render_check_text(result, color=color, quiet=quiet)
+    text = render_check_text(result, color=color, width=width or DEFAULT_WIDTH, errors=errors, quiet=quiet)
     return text + render_files(result.files) if show_files else text
 
 
@@ -144,19 +148,19 @@ def check_summary_line(result: CheckResult) -> str:
     """The closing line on stderr: checkpoints, failing, errors, baselined, wasted bytes."""
     summary = result.summary()
     parts = [
-        f"{summary.checkpoints} checkpoint{'' if summary.checkpoints == 1 else 's'}",
+        plural(summary.checkpoints, "checkpoint"),
         f"{summary.failing} failing",
-        f"{summary.errors} error{'' if summary.errors == 1 else 's'}",
+        plural(summary.errors, "error"),
     ]
     if result.baseline is not None:
-        parts.append(f"{summary.baselined} baselined findings")
+        parts.append(plural(summary.baselined, "baselined finding"))
         if summary.stale_baseline_entries:
-            parts.append(f"{summary.stale_baseline_entries} baseline entries no longer found")
+            parts.append(f"{plural(summary.stale_baseline_entries, 'baseline entry')} no longer found")
     parts.append(f"{human_bytes(summary.wasted_bytes)} wasted")
     line = "tieaudit: " + ", ".join(parts)
     skipped = skipped_by_reason(result.files)
     if skipped:
         total = sum(count for _, count in skipped)
         groups = "; ".join(f"{count} {reason}" for reason, count in skipped)
-        line += f"; {total} {'file' if total == 1 else 'files'} skipped ({groups})"
+        line += f"; {plural(total, 'file')} skipped ({groups})"
     return line

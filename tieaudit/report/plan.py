@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tieaudit.core.escape import printable
-from tieaudit.core.units import human_bytes
+from tieaudit.core.units import human_bytes, plural
 from tieaudit.repair.retie import RetieResult
 
 
@@ -34,12 +34,14 @@ def render_plan(result: RetieResult) -> str:
         )
     discarded = sum(1 for name in plan.renamed.values() if name is None)
     if discarded:
-        lines.append(f"  {discarded} optimizer state tensors discarded (one state per re-tied parameter)")
+        lines.append(
+            f"  {plural(discarded, 'optimizer state tensor')} discarded (one state per re-tied parameter)"
+        )
     lines.append(f"  saves {human_bytes(plan.saved_bytes)} ({plan.saved_bytes} bytes)")
     forced = sum(1 for d in plan.applied if d.consequence)
     if forced:
         lines.append(
-            f"  --all-equal: {forced} {'copy' if forced == 1 else 'copies'} re-tied that the format's "
+            f"  --all-equal: {plural(forced, 'copy')} re-tied that the format's "
             "loader does not restore by itself (see each note)"
         )
     if result.written is not None:

@@ -107,8 +107,9 @@ def _recommendation_lines(report: RuntimeReport) -> list[str]:
     ]
 
 
-def render_runtime_text(report: RuntimeReport) -> str:
-    """The human report."""
+def render_runtime_text(report: RuntimeReport, *, errors: bool = True) -> str:
+    """The human report; errors=False leaves out the Errors section (stderr has those lines, on the
+    same screen)."""
     out = [
         f"{report.path}  onnxruntime {report.onnxruntime_version}, CPU; "
         f"{human_bytes(report.initializer_bytes)} of initializers"
@@ -132,9 +133,9 @@ def render_runtime_text(report: RuntimeReport) -> str:
     out += _table([headers, *(_row(r, mapped) for r in report.configs)])
     static = [line for r in report.configs for line in _static_lines(r)]
     out += ["", "Copies ONNX Runtime makes (its optimized model, read by tieaudit):", *(static or ["  none"])]
-    errors = [f"  {r.config.name}: {r.error}" for r in report.errors]
-    if errors:
-        out += ["", "Errors:", *errors]
+    failures = [f"  {r.config.name}: {r.error}" for r in report.errors]
+    if failures and errors:
+        out += ["", "Errors:", *failures]
     out += ["", *_recommendation_lines(report)]
     gated = ", ".join(report.gated)
     failed = [r.config.name for r in report.errors if r.config.name in report.gated]

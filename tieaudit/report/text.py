@@ -7,18 +7,18 @@ import os
 from collections import Counter
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from tieaudit.audit import Audit
-from tieaudit.core.escape import printable
+from tieaudit.core.escape import printable, unforgeable_lines
 from tieaudit.core.records import Checkpoint, Consumer, PickleGlobal
-from tieaudit.core.units import human_bytes
+from tieaudit.core.units import human_bytes, plural
 from tieaudit.formats.hf_ties import CONFIG
 from tieaudit.formats.pickle_globals import VERDICTS
 from tieaudit.gate.check import CheckResult
 from tieaudit.gate.files import FileVerdict
 from tieaudit.graph.alias import TieState
+from tieaudit.report.layout import DEFAULT_WIDTH, Cell, Grid, laid_out
 from tieaudit.report.training import training_lines
 
 MAX_TENSOR_ROWS = 30
@@ -57,14 +57,19 @@ def _tie_status(state: TieState) -> str:
     return "neither stored"
 
 
-def _groups_table(audit: Audit) -> Table:
-    table = Table(title="Tie groups (names sharing one storage)", title_justify="left")
-    for column in ("storage", "names", "relation", "size"):
-        table.add_column(column, justify="right" if column == "size" else "left")
+_SIZE = frozenset({"size", "wasted"})
+
+
+def _groups_table(audit: Audit) -> Grid:
+    table = Grid(
+        title="Tie groups (names sharing one storage)",
+        columns=("storage", "names", "relation", "size"),
+        right=_SIZE,
+    )
     for group in audit.graph.groups:
         aliases = set(group.aliases)
         names = [f"{name} (Identity alias)" if name in aliases else name for name in group.names]
-        table.add_row(cell(group.storage_id), cells(names), group.relation, human_bytes(group.nbytes))
+        table.rows.append((cell(group.storage_id), cells(names), group.relation, human_bytes(group.nbytes)))
     return table
 
 
@@ -73,13 +78,12 @@ def _use(consumer: Consumer) -> str:
     return f"{consumer.op_type} {consumer.node} (input {consumer.slot}){where}"
 
 
-def _consumer_ties_table(audit: Audit) -> Table:
-    table = Table(
+def _consumer_ties_table(audit: Audit) -> Grid:
+    table = Grid(
         title="Ties kept by shared consumers (one initializer read as embedding and as head)",
-        title_justify="left",
+        columns=("initializer", "consumers", "role", "size"),
+        right=_SIZE,
     )
-    for column in ("initializer", "consumers", "role", "size"):
-        table.add_column(column, justify="right" if column == "size" else "left")
     for tie in audit.graph.consumer_ties:
         uses: list[str] = []
         roles: list[str] = []
@@ -90,48 +94,45 @@ def _consumer_ties_table(audit: Audit) -> Table:
                 uses.append(f"  -> {_use(reached)}")
                 roles.append("")
         names = [tie.initializer, *(f"(alias {alias})" for alias in tie.aliases)]
-        table.add_row(cells(names), cells(uses), Text("\n".join(roles)), human_bytes(tie.nbytes))
+        table.rows.append((cells(names), cells(uses), Text("\n".join(roles)), human_bytes(tie.nbytes)))
     return table
 
 
-def _ties_table(audit: Audit) -> Table:
-    table = Table(title="Declared ties", title_justify="left")
-    for column in ("target", "source", "declared by", "status"):
-        table.add_column(column)
+def _ties_table(audit: Audit) -> Grid:
+    table = Grid(title="Declared ties", columns=("target", "source", "declared by", "status"))
     for state in audit.graph.ties:
-        table.add_row(
-            cell(state.tie.dropped), cell(state.tie.kept), cell(state.tie.where), _tie_status(state)
-        )
+        tie = state.tie
+        table.rows.append((cell(tie.dropped), cell(tie.kept), cell(tie.where), _tie_status(state)))
     return table
 
 
-def _findings_table(audit: Audit) -> Table:
-    table = Table(title="Findings", title_justify="left")
-    for column in ("rule", "severity", "names", "wasted", "message"):
-        table.add_column(column, justify="right" if column == "wasted" else "left")
+def _findings_table(audit: Audit) -> Grid:
+    table = Grid(title="Findings", columns=("rule", "severity", "names", "wasted", "message"), right=_SIZE)
     for finding in audit.findings:
-        table.add_row(
-            f"{finding.rule} {finding.kind}",
-            Text(finding.severity, style=_SEVERITY_STYLE[finding.severity]),
-            cells(finding.names),
-            human_bytes(finding.wasted_bytes) if finding.wasted_bytes else "",
-            Text("\n").join([cell(finding.message), *([cell(f"fix: {finding.fix}")] if finding.fix else [])]),
+        table.rows.append(
+            (
+                f"{finding.rule} {finding.kind}",
+                Text(finding.severity, style=_SEVERITY_STYLE[finding.severity]),
+                cells(finding.names),
+                human_bytes(finding.wasted_bytes) if finding.wasted_bytes else "",
+                Text("\n").join(
+                    [cell(finding.message), *([cell(f"fix: {finding.fix}")] if finding.fix else [])]
+                ),
+            )
         )
     return table
 
 
-def _tensors_table(audit: Audit) -> tuple[Table, int]:
+def _tensors_table(audit: Audit) -> tuple[Grid, int]:
     ckpt = audit.graph.checkpoint
     shared = {name for group in audit.graph.groups for name in group.names}
     tensors = sorted(ckpt.tensors, key=lambda t: -t.nbytes)
     shown = tensors[:MAX_TENSOR_ROWS]
     # A storage column says something only where storages are shared (never in safetensors).
     columns = ("name", "dtype", "shape", "size") + (("storage",) if shared else ())
-    table = Table(title="Tensors (largest first)", title_justify="left")
-    for column in columns:
-        table.add_column(column, justify="right" if column == "size" else "left")
+    table = Grid(title="Tensors (largest first)", columns=columns, right=_SIZE)
     for tensor in shown:
-        row: list[Text | str] = [
+        row: list[Cell] = [
             cell(tensor.name),
             tensor.dtype,
             "x".join(map(str, tensor.shape)) or "scalar",
@@ -139,12 +140,13 @@ def _tensors_table(audit: Audit) -> tuple[Table, int]:
         ]
         if shared:
             row.append(cell(tensor.storage_id + (" (shared)" if tensor.name in shared else "")))
-        table.add_row(*row)
+        table.rows.append(tuple(row))
     return table, len(tensors) - len(shown)
 
 
-def render_text(audit: Audit, color: bool = False, width: int = 120) -> str:
-    """The report as text for a terminal (color) or a file (plain)."""
+def render_text(audit: Audit, color: bool = False, width: int = DEFAULT_WIDTH) -> str:
+    """The report as text for a terminal (color) or a file (plain), its tables fitting width (a table
+    too wide for it is printed as records; names fold onto the next line, never cut)."""
     buffer = io.StringIO()
     console = Console(file=buffer, force_terminal=color, no_color=not color, width=width)
     ckpt = audit.graph.checkpoint
@@ -152,36 +154,42 @@ def render_text(audit: Audit, color: bool = False, width: int = 120) -> str:
     console.print(
         cell(ckpt.path, "bold"),
         Text(
-            f"  format {ckpt.format}  {summary.tensors} tensors in "
-            f"{summary.storages} storages, {human_bytes(summary.bytes)} stored"
+            f"  format {ckpt.format}  {plural(summary.tensors, 'tensor')} in "
+            f"{plural(summary.storages, 'storage')}, {human_bytes(summary.bytes)} stored"
             + (f", {human_bytes(summary.wasted_bytes)} wasted" if summary.wasted_bytes else "")
         ),
         sep="",
         highlight=False,
     )
     if audit.graph.groups:
-        console.print(_groups_table(audit))
+        console.print(laid_out(_groups_table(audit), width))
     else:
         console.print("No names share a storage.")
     if audit.graph.consumer_ties:
-        console.print(_consumer_ties_table(audit))
+        console.print(laid_out(_consumer_ties_table(audit), width))
     if audit.graph.ties:
-        console.print(_ties_table(audit))
+        console.print(laid_out(_ties_table(audit), width))
     if audit.findings:
-        console.print(_findings_table(audit))
+        console.print(laid_out(_findings_table(audit), width))
     else:
         console.print("No findings.")
     table, hidden = _tensors_table(audit)
-    console.print(table)
+    console.print(laid_out(table, width))
     if hidden:
-        console.print(f"{hidden} smaller tensors not shown; --format json lists every tensor.")
+        console.print(f"{plural(hidden, 'smaller tensor')} not shown; --format json lists every tensor.")
     for note in config_notes(ckpt) + training_lines(audit.graph):
         console.print(Text(f"note: {note}"), highlight=False, soft_wrap=True)
     if ckpt.pickle_globals:
         console.print(Text(pickle_globals_line(ckpt.pickle_globals)), highlight=False, soft_wrap=True)
     if ckpt.skipped:
-        console.print(f"{ckpt.skipped_total} non-tensor entries skipped (--format json lists them).")
-    return buffer.getvalue()
+        console.print(f"{plural(ckpt.skipped_total, 'non-tensor entry')} skipped (--format json lists them).")
+    return _trimmed(buffer.getvalue())
+
+
+def _trimmed(text: str) -> str:
+    """Without the spaces rich pads titles and records with to the width (noise in files and diffs),
+    and with no line a folded name starts with '::' (a CI workflow command)."""
+    return unforgeable_lines("".join(line.rstrip(" ") + "\n" for line in text.splitlines()))
 
 
 def pickle_globals_line(used: tuple[PickleGlobal, ...]) -> str:
@@ -201,15 +209,13 @@ def _covers(ckpt: Checkpoint) -> str:
         return ""
     named = ", ".join(printable(name) for name in others[:COVERED_NAMED])
     more = len(others) - COVERED_NAMED
-    return f"; covers {named}" + (f" and {more} more {'file' if more == 1 else 'files'}" if more > 0 else "")
+    return f"; covers {named}" + (f" and {plural(more, 'more file')}" if more > 0 else "")
 
 
 def render_files(files: tuple[FileVerdict, ...]) -> str:
     """--show-files: every file with its verdict, then the target covering it or the reason."""
     counts = {v: sum(f.verdict == v for f in files) for v in ("audited", "covered", "skipped", "error")}
-    lines = [
-        "files: " + ", ".join(f"{n} {v if v != 'error' or n == 1 else 'errors'}" for v, n in counts.items())
-    ]
+    lines = ["files: " + ", ".join(plural(n, v) if v == "error" else f"{n} {v}" for v, n in counts.items())]
     for entry in files:
         line = f"{entry.verdict:<8} {printable(entry.path)}"
         if entry.verdict != "audited" and entry.reason:
@@ -219,10 +225,16 @@ def render_files(files: tuple[FileVerdict, ...]) -> str:
 
 
 def render_check_text(
-    result: CheckResult, color: bool = False, width: int = 120, *, quiet: bool = False
+    result: CheckResult,
+    color: bool = False,
+    width: int = DEFAULT_WIDTH,
+    *,
+    errors: bool = True,
+    quiet: bool = False,
 ) -> str:
-    """One status line per checkpoint (ok, FAIL, ERROR) with its findings beneath; quiet: FAIL and
-    ERROR lines only."""
+    """One status line per checkpoint (ok, FAIL, ERROR unless not errors) with its findings beneath;
+    quiet: FAIL and ERROR lines only. Lines are not broken (a terminal wraps them, a log keeps one
+    line per finding)."""
     buffer = io.StringIO()
     console = Console(file=buffer, force_terminal=color, no_color=not color, width=width)
     for checked in result.checked:
@@ -233,7 +245,7 @@ def render_check_text(
         console.print(
             status,
             Text(
-                f"{printable(ckpt.path)}  ({ckpt.format}, {summary.tensors} tensors, "
+                f"{printable(ckpt.path)}  ({ckpt.format}, {plural(summary.tensors, 'tensor')}, "
                 f"{human_bytes(summary.bytes)}"
                 + (f", {human_bytes(summary.wasted_bytes)} wasted" if summary.wasted_bytes else "")
                 + _covers(ckpt)
@@ -256,7 +268,7 @@ def render_check_text(
             )
             if finding.fix and not accepted:
                 console.print(cell(f"      fix: {finding.fix}", "dim"), highlight=False, soft_wrap=True)
-    for error in result.errors:
+    for error in result.errors if errors else ():
         console.print(
             Text("ERROR", style="bold red"),
             Text(f" {printable(error.path)}: {printable(error.message)}"),
@@ -264,4 +276,4 @@ def render_check_text(
             highlight=False,
             soft_wrap=True,
         )
-    return buffer.getvalue()
+    return _trimmed(buffer.getvalue())

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tieaudit.core.escape import printable
+from tieaudit.core.units import plural
 from tieaudit.graph.alias import AliasGraph
 
 MAX_LISTED_STATES = 10_000
@@ -58,8 +59,10 @@ def training_lines(graph: AliasGraph, *, brief: bool = False) -> list[str]:
         lines.append(f"training checkpoint ({layout.kind}): model = {model}")
         maps = {m.optimizer.path: m for m in graph.optimizer_maps}
         for record in layout.optimizers:
-            groups = f"{len(record.groups)} group{'s' if len(record.groups) != 1 else ''}"
-            line = f"optimizer = {record.path or '(root)'}: {len(record.keys)} parameters in {groups}"
+            groups = plural(len(record.groups), "group")
+            line = (
+                f"optimizer = {record.path or '(root)'}: {plural(len(record.keys), 'parameter')} in {groups}"
+            )
             found = maps.get(record.path)
             if found is not None and found.owner:
                 line += f", {len(found.owner)} matched to model parameters by {found.method}"
