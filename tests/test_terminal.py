@@ -289,7 +289,7 @@ def test_python_dash_m_tieaudit() -> None:
     result = _run(["--help"])
     assert result.returncode == 0 and result.stdout.startswith("Usage: tieaudit [OPTIONS] COMMAND")
     assert "__main__" not in result.stdout
-    assert _run(["check", "--help"]).stdout.startswith("Usage: tieaudit check [OPTIONS] PATHS...")
+    assert _run(["check", "--help"]).stdout.startswith("Usage: tieaudit check [OPTIONS] [PATHS]...")
     version = _run(["--version"])
     assert version.returncode == 0 and version.stdout.startswith("tieaudit, version ")
 
