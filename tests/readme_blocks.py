@@ -42,10 +42,8 @@ class Command:
 
 def blocks(text: str | None = None) -> list[Block]:
     text = README.read_text() if text is None else text
-    found = []
-    for match in re.finditer(r"^```([\w-]*)\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE):
-        found.append(Block(match.group(1), match.group(2), text.count("\n", 0, match.start()) + 1))
-    return found
+    fences = re.finditer(r"^```([\w-]*)\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
+    return [Block(m.group(1), m.group(2), text.count("\n", 0, m.start()) + 1) for m in fences]
 
 
 def split_comment(line: str) -> tuple[str, str]:
