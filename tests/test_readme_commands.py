@@ -174,6 +174,7 @@ def test_every_sh_block_runs(block: Block, workspace: Path, tmp_path: Path) -> N
     script.write_text(session_script(block, log))
     env = clean_env([str(bin_dir)])
     env["PATH"] += os.pathsep + str(fallback)
+    env["HF_HOME"] = str(tmp_path / "hf-home")  # an empty Hugging Face cache: nothing from this machine
     subprocess.run(
         ["bash", "--noprofile", "--norc", str(script)], cwd=workspace, env=env, timeout=300, check=False
     )  # fmt: skip
