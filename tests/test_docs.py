@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 import pytest
+import yaml  # type: ignore[import-untyped]
 from click.testing import CliRunner
 from conftest import Corpus
 
@@ -82,7 +83,6 @@ def workflow() -> str:
 
 
 def test_the_github_workflow_command_runs(corpus: Corpus, tmp_path: Path) -> None:
-    yaml = pytest.importorskip("yaml")
     steps = yaml.safe_load(workflow())["jobs"]["tieaudit"]["steps"]
     (command,) = [s["run"] for s in steps if str(s.get("run", "")).startswith("tieaudit check")]
     (upload,) = [s for s in steps if str(s.get("uses", "")).startswith("github/codeql-action/upload-sarif@")]
@@ -103,7 +103,6 @@ def test_the_github_workflow_command_runs(corpus: Corpus, tmp_path: Path) -> Non
 
 
 def test_the_pre_commit_hook(tmp_path: Path) -> None:
-    yaml = pytest.importorskip("yaml")
     (hook,) = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
     assert hook["id"] == "tieaudit-check" and hook["id"] in README
     # the flag is in the entry: args a user sets (README: [--fail-on, error]) replace the hook's args
@@ -121,8 +120,6 @@ def test_the_pre_commit_hook(tmp_path: Path) -> None:
 
 def test_the_pre_commit_hook_skips_lfs_pointers_with_a_note(tmp_path: Path) -> None:
     """The hook's command on a staged LFS pointer: a note, exit 0; a plain check: one error line, exit 2."""
-    import yaml  # type: ignore[import-untyped]
-
     (hook,) = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
     pointer = tmp_path / "model.safetensors"
     pointer.write_text(f"version https://git-lfs.github.com/spec/v1\noid sha256:{'0' * 64}\nsize 1048576\n")

@@ -1,0 +1,95 @@
+"""README.md's fenced blocks and the command lines of its ``sh`` blocks (for tests/test_readme_commands.py).
+
+The README shows hosted addresses the tests cannot reach: ``PLACEHOLDER_URL`` stands for wherever
+tieaudit is hosted, and the tests put the local repository's ``file://`` URL in its place.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+PLACEHOLDER_URL = "https://github.com/OWNER/tieaudit"
+# git+file:// needs a host for pip < 24 (PEP 508 parsing): localhost works with every pip and git
+LOCAL_URL = f"file://localhost{ROOT.as_posix()}"
+
+
+@dataclass(frozen=True)
+class Block:
+    language: str
+    text: str
+    line: int
+    """The line of the opening fence in README.md."""
+
+
+@dataclass(frozen=True)
+class Command:
+    text: str
+    """As written, continuation lines joined, the trailing comment removed."""
+    comment: str
+    line: int
+
+    @property
+    def expected_exit(self) -> set[int]:
+        """The exit the comment states (`# ... exit 1 ...`), else 0 or 1 (never a usage error or a bug)."""
+        stated = re.search(r"\bexit (\d+)\b", self.comment)
+        return {int(stated.group(1))} if stated else {0, 1}
+
+
+def blocks(text: str | None = None) -> list[Block]:
+    text = README.read_text() if text is None else text
+    fences = re.finditer(r"^```([\w-]*)\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
+    return [Block(m.group(1), m.group(2), text.count("\n", 0, m.start()) + 1) for m in fences]
+
+
+def split_comment(line: str) -> tuple[str, str]:
+    """`cmd  # note` -> ("cmd", "note"); a # inside quotes or a word is not a comment."""
+    quote = ""
+    for i, char in enumerate(line):
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and (i == 0 or line[i - 1].isspace()):
+            return line[:i].rstrip(), line[i + 1 :].strip()
+    return line.rstrip(), ""
+
+
+def commands(block: Block) -> list[Command]:
+    found: list[Command] = []
+    pending, start = "", 0
+    for offset, raw in enumerate(block.text.splitlines(), start=block.line + 1):
+        if not pending:
+            start = offset
+        if raw.rstrip().endswith("\\"):
+            pending += raw.rstrip()[:-1] + " "
+            continue
+        text, comment = split_comment(pending + raw)
+        pending = ""
+        if text.strip():
+            found.append(Command(" ".join(text.split()), comment, start))
+    return found
+
+
+def local(text: str) -> str:
+    """The command with the hosted address replaced by this repository's."""
+    return text.replace(PLACEHOLDER_URL, LOCAL_URL)
+
+
+def installs_tieaudit(command: str) -> bool:
+    """`pip install .`, `pip install 'tieaudit @ git+...'`, `python -m pip install ...tieaudit...`."""
+    if not re.search(r"\bpip install\b", command):
+        return False
+    return "tieaudit" in command or re.search(r"""(?:^|\s)['"]?\.(?:\[|['"]|\s|$)""", command) is not None
+
+
+def is_release_tag(rev: str) -> bool:
+    done = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", f"refs/tags/{rev}^{{commit}}"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return done.returncode == 0
