@@ -35,9 +35,12 @@ class Command:
 
     @property
     def expected_exit(self) -> set[int]:
-        """The exit the comment states (`# ... exit 1 ...`), else 0 or 1 (never a usage error or a bug)."""
+        """The exit the comment states (`# ... exit 1 ...`); else 0 or 1 for a gate (`tieaudit check`,
+        `tieaudit runtime`: 1 is findings), 0 for anything else (an install, retie, completion)."""
         stated = re.search(r"\bexit (\d+)\b", self.comment)
-        return {int(stated.group(1))} if stated else {0, 1}
+        if stated:
+            return {int(stated.group(1))}
+        return {0, 1} if re.search(r"\btieaudit (check|runtime)\b", self.text) else {0}
 
 
 def blocks(text: str | None = None) -> list[Block]:

@@ -52,6 +52,8 @@ NOT_RUN = {
     "make demo": "creates .venv with torch and transformers (minutes); its script, scripts/demo.py, runs in "
     "tests/test_docs.py::test_the_demo_runs_to_a_passing_check",
     "make test": "the whole suite (tens of minutes): CI's entry point (.ci/run) runs it",
+    'eval "$(_TIEAUDIT_COMPLETE=zsh_source tieaudit)"': "zsh syntax, which bash cannot eval; "
+    "tests/test_terminal.py::test_shell_completion generates the zsh source",
     ". .venv/bin/activate": "needs the .venv of make; test_make_installs_the_command_into_venv_bin checks "
     "that make installs the tieaudit command there",
 }
@@ -79,6 +81,8 @@ def yaml_kind(block: Block) -> str:
         return "workflow"
     if isinstance(document, dict) and "repos" in document:
         return "pre-commit"
+    if isinstance(document, list) and all(isinstance(step, dict) and "run" in step for step in document):
+        return "steps"  # steps to add to the job: test_output_formats.py runs the job-summary recipe
     return "unknown"
 
 
@@ -86,7 +90,7 @@ def test_every_block_is_of_a_kind_this_test_covers() -> None:
     unknown = [f"README.md:{b.line}: ```{b.language}" for b in BLOCKS if b.language not in KINDS]
     assert not unknown, f"blocks no test runs (add them to KINDS and run them): {unknown}"
     kinds = [yaml_kind(b) for b in BLOCKS if b.language == "yaml"]
-    assert sorted(kinds) == ["pre-commit", "workflow"], kinds
+    assert sorted(kinds) == ["pre-commit", "steps", "workflow"], kinds
     shown = {c.text for b in SH_BLOCKS for c in commands(b)}
     stale = sorted(set(NOT_RUN) - shown)
     assert not stale, f"NOT_RUN names commands README.md no longer shows: {stale}"
@@ -175,6 +179,8 @@ def test_every_sh_block_runs(block: Block, workspace: Path, tmp_path: Path) -> N
     env = clean_env([str(bin_dir)])
     env["PATH"] += os.pathsep + str(fallback)
     env["HF_HOME"] = str(tmp_path / "hf-home")  # an empty Hugging Face cache: nothing from this machine
+    env["HOME"] = str(tmp_path / "home")  # shell set-up lines (completion) write here, not in the real home
+    (tmp_path / "home").mkdir()
     subprocess.run(
         ["bash", "--noprofile", "--norc", str(script)], cwd=workspace, env=env, timeout=300, check=False
     )  # fmt: skip
