@@ -20,7 +20,7 @@ from tieaudit.core.errors import TieauditError, UsageError, one_line
 from tieaudit.graph.detect import ALL_RELATIONS, CopyGroup
 from tieaudit.repair.plan import Decision
 from tieaudit.rules.finding import Finding
-from tieaudit.runtime.export_source import ExportSource, load_source, parameter_sizes
+from tieaudit.runtime.export_source import ExportSource, load_source, parameter_sizes, require_export
 
 if TYPE_CHECKING:
     import numpy as np
@@ -186,6 +186,7 @@ def export_model(
     from tieaudit.runtime.measure import runtime_findings
 
     _check_out(out)
+    require_export(source)
     loaded = load_source(source, dims or {})
     sizes = parameter_sizes(loaded.module)
     aliases = {name: id(p) for name, p in loaded.module.named_parameters(remove_duplicate=False)}

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tieaudit.core.errors import InputError, UsageError, one_line
+from tieaudit.core.extras import require
 
 if TYPE_CHECKING:
     import torch
@@ -68,11 +69,7 @@ def _hf_source(folder: str, dims: Mapping[str, int]) -> ExportSource:
 
     # Exporting builds the model, but never with code from the folder and never from the Hub.
     os.environ["HF_HUB_OFFLINE"] = os.environ["TRANSFORMERS_OFFLINE"] = "1"
-    try:
-        import transformers
-    except ImportError as exc:
-        hint = "pip install 'tieaudit[transformers]'"
-        raise UsageError(f"exporting a Hugging Face folder needs transformers ({hint})") from exc
+    import transformers
     transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     try:
@@ -129,6 +126,18 @@ def _factory_source(spec: str) -> ExportSource:
         dynamic_shapes=made[2] if len(made) == 3 else None,
         description=f"{type(made[0]).__name__} from {spec}(), inputs {shapes}",
     )
+
+
+EXPORT_MODULES = ("torch", "onnxscript", "onnxruntime")
+"""What every export imports: the exporter, torch.onnx.export's dynamo backend, the parity check."""
+
+
+def require_export(source: str) -> None:
+    """MissingExtra (one line: pip install 'tieaudit[export]') before anything is loaded, when a module
+    the export of source needs cannot be imported; a folder needs transformers too."""
+    folder = os.path.isdir(source)
+    modules = (*EXPORT_MODULES, "transformers") if folder else EXPORT_MODULES
+    require("export of a Hugging Face folder" if folder else "export", modules, extra="export")
 
 
 def load_source(source: str, dims: Mapping[str, int]) -> ExportSource:
