@@ -149,3 +149,30 @@ def test_a_seq2seq_out_must_be_a_folder_name(
         "decoder_model.onnx: OUT is the folder for them, not a .onnx file"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bart_is_a_seq2seq_lm_though_transformers_also_lists_it_as_a_masked_lm(tmp_path: Path) -> None:
+    """BartForConditionalGeneration is in both of transformers' mappings: the seq2seq kind comes first,
+    so it gets two parts with optimum's names and inputs (built here, not exported: that is T5's test)."""
+    from tieaudit.runtime.export_source import load_source
+
+    config: dict[str, Any] = {
+        "vocab_size": 100, "d_model": 32, "encoder_layers": 1, "decoder_layers": 1,
+        "encoder_attention_heads": 4, "decoder_attention_heads": 4, "encoder_ffn_dim": 64,
+        "decoder_ffn_dim": 64, "max_position_embeddings": 64,
+    }  # fmt: skip
+    model: Any = transformers.BartForConditionalGeneration(transformers.BartConfig(**config))
+    model.save_pretrained(tmp_path / "bart")
+    loaded = load_source(str(tmp_path / "bart"), {"batch": 2, "sequence": 6, "decoder_sequence": 3})
+
+    assert (loaded.kind, loaded.model_class, loaded.folder_out) == (
+        "seq2seq LM", "BartForConditionalGeneration", True
+    )
+    encoder, decoder = loaded.parts
+    assert (encoder.file, encoder.input_names) == ("encoder_model.onnx", ("input_ids", "attention_mask"))
+    assert (decoder.file, decoder.input_names, decoder.output_names) == (
+        "decoder_model.onnx", ("input_ids", "encoder_hidden_states", "encoder_attention_mask"), ("logits",)
+    )
+    assert [tuple(t.shape) for t in decoder.inputs] == [(2, 3), (2, 6, 32), (2, 6)]
+    with torch.no_grad():
+        assert tuple(decoder.module(*decoder.inputs).shape) == (2, 3, 100)
