@@ -207,7 +207,9 @@ def test_existing_out_and_bad_source_are_usage_errors(
 def test_example_inputs_of_the_hf_wrapper_follow_dims(gpt2_folder: Path) -> None:
     from tieaudit.runtime.export_source import load_source
 
-    source = load_source(str(gpt2_folder), {"batch": 2, "sequence": 5})
+    loaded = load_source(str(gpt2_folder), {"batch": 2, "sequence": 5})
+    assert (loaded.kind, loaded.model_class) == ("causal LM", "GPT2LMHeadModel")
+    [source] = loaded.parts
     [ids] = source.inputs
     assert tuple(ids.shape) == (2, 5) and ids.dtype == torch.int64 and int(ids.max()) < 1000
     logits = source.module(*source.inputs)

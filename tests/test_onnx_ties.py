@@ -275,7 +275,7 @@ def _export_gpt2(path: Path, *, optimize: bool) -> Path:
     import torch
     import transformers
 
-    from tieaudit.runtime.export_source import logits_only
+    from tieaudit.runtime.export_kinds import logits_only
 
     transformers.logging.set_verbosity_error()
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)

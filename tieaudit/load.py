@@ -13,6 +13,7 @@ import numpy as np
 
 from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.dtypes import itemsize
+from tieaudit.core.extras import require
 from tieaudit.core.records import TensorInfo
 from tieaudit.formats import open_checkpoint
 from tieaudit.repair.restore import Source, restored_array, sources
@@ -91,8 +92,10 @@ def load_tied(path: str) -> dict[str, torch.Tensor]:
 
     Stored names come back with their stored bytes (aliases in a .pt file share one storage);
     names recorded as ``{dropped: kept}`` are the very same object as kept; transposed copies are
-    a transposed view of the kept tensor; cast copies are a new tensor cast from it.
+    a transposed view of the kept tensor; cast copies are a new tensor cast from it. Raises
+    MissingExtra (an ImportError) naming ``pip install 'tieaudit[torch]'`` when torch is missing.
     """
+    require("load_tied", ("torch",))
     with open_checkpoint(path) as opened:
         copies = _StorageCopies(opened)
         state: dict[str, torch.Tensor] = {t.name: copies.view(t) for t in opened.checkpoint.tensors}

@@ -1,7 +1,8 @@
 """The ONNX commands: ``runtime`` (does ONNX Runtime copy a shared initializer?) and ``export``.
 
 Registered on the main group with ``cli.add_command(runtime)`` and ``cli.add_command(export)``.
-Heavy imports (onnxruntime, torch) happen in the library, and onnxruntime only in subprocesses.
+Heavy imports (onnxruntime, torch) happen in the library, and onnxruntime only in subprocesses;
+a missing extra is one line before any work (``tieaudit.core.extras.require``).
 """
 
 from __future__ import annotations
@@ -55,9 +56,9 @@ RUNTIME_DIM_HELP = (
     "--dim batch=N (1), names containing seq or len to --dim sequence=N (8), others to 1."
 )
 EXPORT_DIM_HELP = (
-    "Example input size for a Hugging Face folder: --dim batch=N (1), --dim sequence=N (8); "
-    "both stay dynamic in the export. A module:function brings its own inputs. Any other name "
-    "is a usage error."
+    "Example input size for a Hugging Face folder: --dim batch=N (1), --dim sequence=N (8), "
+    "--dim decoder_sequence=N (4, seq2seq); all stay dynamic in the export. A module:function "
+    "brings its own inputs. Any other name is a usage error."
 )
 
 
@@ -224,10 +225,14 @@ def export(
 ) -> None:
     """Export a torch model to ONNX with its tie kept, and check it end to end.
 
-    SOURCE is a Hugging Face model folder (needs transformers; exported as input_ids ->
-    logits with dynamic batch and sequence, example sizes from --dim batch=N --dim
-    sequence=N) or module:function, imported from the current folder, returning (module,
-    example_inputs) or (module, example_inputs, dynamic_shapes).
+    SOURCE is a Hugging Face model folder or module:function, imported from the current
+    folder, returning (module, example_inputs) or (module, example_inputs, dynamic_shapes).
+    A folder's class is the first of config.json's architectures that is a causal LM
+    (input_ids -> logits), masked LM (input_ids, attention_mask -> logits) or seq2seq LM;
+    other classes are refused. A seq2seq LM is two files, as optimum names them, in the
+    folder OUT: encoder_model.onnx and decoder_model.onnx (without past key values), each
+    checked alone. Batch and sequence stay dynamic (example sizes from --dim). Needs the
+    export extra: pip install 'tieaudit[export]'.
 
     Steps: torch.onnx.export(dynamo=True) into a staging folder beside OUT; tieaudit's
     detector on the result; any copy re-tied with the ONNX retie writer (the exporter folds
@@ -241,6 +246,7 @@ def export(
     \b
     Examples:
       tieaudit export ./my-gpt2 model.onnx
+      tieaudit export ./my-t5 t5-onnx
       tieaudit export mymodels:build tiny.onnx --atol 1e-5
     """
     from tieaudit.report.runtime_report import render_export_summary

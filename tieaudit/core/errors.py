@@ -60,3 +60,8 @@ class UnsafeInputError(InputError):
 
 class OutputError(TieauditError):
     """The output cannot be written (disk full, no permission); nothing partial is left behind."""
+
+
+class MissingExtra(TieauditError, ImportError):
+    """An optional dependency (an extra) is not installed or cannot be imported. An ImportError too,
+    so ``except ImportError`` around a library call keeps working."""

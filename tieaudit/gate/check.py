@@ -280,6 +280,10 @@ def run_check(
 ) -> CheckResult:
     """Audit every checkpoint the arguments name; a bad path is recorded, never stops the others.
     With skip_lfs_pointers a Git LFS pointer (or a model folder holding one) is skipped, not an error."""
+    if policy.runtime:  # once, before any audit, not once per ONNX file
+        from tieaudit.runtime.measure import require_runtime
+
+        require_runtime("check --runtime")
     found = discover(arguments, exclude, base=policy.root)
     if not found.targets and not found.errors:
         raise UsageError(

@@ -16,8 +16,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from tieaudit.core.bytestore import OpenCheckpoint
-from tieaudit.core.errors import InputError, UnsupportedFormatError, one_line
+from tieaudit.core.errors import InputError, MissingExtra, UnsupportedFormatError, one_line
 from tieaudit.core.escape import printable
+from tieaudit.core.extras import require
 from tieaudit.core.records import Checkpoint
 from tieaudit.formats.torch_file import ROOT_NAME, ZIP_MAGIC
 from tieaudit.formats.torch_file import key_name as key_name  # the reader's naming, shared on purpose
@@ -29,15 +30,14 @@ VisitLeaf = Callable[[str, Any], Any]
 """Called with each leaf's dotted name and value; returns the value to put in its place."""
 
 
-TORCH_MISSING = "writing PyTorch files needs torch, which is not installed: pip install 'tieaudit[torch]'"
-
-
 def torch_module(path: str) -> Any:
-    """The torch module; UnsupportedFormatError (exit 2, nothing written) when the extra is missing."""
+    """The torch module; MissingExtra (exit 2, nothing written) when the extra is missing."""
     try:
-        import torch
-    except ImportError:
-        raise UnsupportedFormatError(TORCH_MISSING, path) from None
+        require("writing PyTorch files", ("torch",))
+    except MissingExtra as exc:
+        raise MissingExtra(exc.message, path) from None
+    import torch
+
     return torch
 
 

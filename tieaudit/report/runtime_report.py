@@ -9,7 +9,7 @@ from tieaudit.core.escape import printable
 from tieaudit.core.units import human_bytes
 from tieaudit.core.version import __version__
 from tieaudit.report.json_report import finding_dict
-from tieaudit.runtime.export import ExportResult
+from tieaudit.runtime.export import ExportedFile, ExportResult
 from tieaudit.runtime.measure import ConfigResult, RuntimeReport
 
 SCHEMA = "tieaudit.runtime/1"
@@ -221,17 +221,21 @@ def render_runtime_json(report: RuntimeReport) -> str:
 def render_export_summary(result: ExportResult) -> str:
     """The one summary ``tieaudit export`` prints at the end (to stderr)."""
     lines = [f"tieaudit export: {result.source} -> {result.out}", f"  source: {result.description}"]
-    lines += [
-        f"  re-tied: {d.dropped} was a {d.relation} copy of {d.kept} ({human_bytes(d.nbytes)}); "
-        "now computed from it in the graph"
-        for d in result.retied
-    ] or ["  re-tied: nothing, the exporter stored every tied matrix once"]
-    stored = result.parameter_initializer_bytes
-    constants = result.initializer_bytes - stored
+    several = len(result.files) > 1
+    for exported in result.files:
+        lines += _file_lines(exported, result.atol, indent="    " if several else "  ", several=several)
+    stored = result.parameter_initializer_bytes - result.parameter_bytes_repeated
+    constants = result.initializer_bytes - result.parameter_initializer_bytes
     same = "=" if stored == result.parameter_bytes else "!="
+    repeated = (
+        f" ({result.parameter_bytes_repeated:,} bytes of them stored in more than one file, each "
+        "file being loaded alone, counted once)"
+        if result.parameter_bytes_repeated
+        else ""
+    )
     lines.append(
         f"  initializers: {result.initializer_bytes:,} bytes: parameters {stored:,} "
-        f"{same} the torch parameter bytes {result.parameter_bytes:,} (a tie counts once), "
+        f"{same} the torch parameter bytes {result.parameter_bytes:,} (a tie counts once){repeated}, "
         f"plus {constants:,} bytes of graph constants"
     )
     missing = result.parameters_not_stored
@@ -239,23 +243,34 @@ def render_export_summary(result: ExportResult) -> str:
         shown = ", ".join(missing[:5])
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         lines.append(f"  not stored under a parameter name (merged or folded by the exporter): {shown}{more}")
-    tie = (
-        "ok, no copy left"
-        if not result.remaining
-        else "FAILED, copies left: " + "; ".join(", ".join(g.names) for g in result.remaining)
-    )
-    lines.append(f"  tie check: {tie}")
-    verdict = "ok" if result.parity_ok else "FAILED"
-    lines.append(
-        f"  parity: max abs difference {result.max_abs_diff:.3g} vs torch on the example inputs "
-        f"(atol {result.atol:g}): {verdict}"
-    )
-    if result.runtime_error is not None:
-        lines.append(f"  runtime check: FAILED: {result.runtime_error}")
-    elif result.runtime:
-        lines += [f"  runtime: {f.rule} {f.message}" for f in result.runtime]
-        lines.append(f"    fix: {result.runtime[0].fix}")
-    else:
-        lines.append("  runtime: ONNX Runtime's default session options hold no second copy")
     lines.append(f"  result: written {result.out}" if result.written else "  result: FAILED, OUT not written")
     return "\n".join(printable(line) for line in lines) + "\n"  # names come from the model
+
+
+def _file_lines(exported: ExportedFile, atol: float, *, indent: str, several: bool) -> list[str]:
+    """What was re-tied and checked in one exported file."""
+    lines = [f"  {exported.path}:"] if several else []
+    lines += [
+        f"{indent}re-tied: {d.dropped} was a {d.relation} copy of {d.kept} ({human_bytes(d.nbytes)}); "
+        "now computed from it in the graph"
+        for d in exported.retied
+    ] or [f"{indent}re-tied: nothing, the exporter stored every tied matrix once"]
+    tie = (
+        "ok, no copy left"
+        if not exported.remaining
+        else "FAILED, copies left: " + "; ".join(", ".join(g.names) for g in exported.remaining)
+    )
+    lines.append(f"{indent}tie check: {tie}")
+    verdict = "ok" if exported.max_abs_diff <= atol else "FAILED"
+    lines.append(
+        f"{indent}parity: max abs difference {exported.max_abs_diff:.3g} vs torch on the example inputs "
+        f"(atol {atol:g}): {verdict}"
+    )
+    if exported.runtime_error is not None:
+        lines.append(f"{indent}runtime check: FAILED: {exported.runtime_error}")
+    elif exported.runtime:
+        lines += [f"{indent}runtime: {f.rule} {f.message}" for f in exported.runtime]
+        lines.append(f"{indent}  fix: {exported.runtime[0].fix}")
+    else:
+        lines.append(f"{indent}runtime: ONNX Runtime's default session options hold no second copy")
+    return lines

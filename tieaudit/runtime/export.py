@@ -3,8 +3,10 @@
 Export with the dynamo exporter into a staging folder beside OUT, audit the result with tieaudit's
 detector, re-tie any copy with the ONNX retie writer (the exporter's optimizer folds Transpose(E)
 into a copy for small matrices), compare ONNX Runtime's outputs with torch's on the example inputs,
-run the static runtime check, and only then move OUT (and OUT.data) into place. torch,
-transformers and onnxruntime are imported here, on use, never by ``import tieaudit``.
+run the static runtime check, and only then move OUT (and OUT.data) into place. A seq2seq LM is
+two files (``runtime.export_parts``), each exported, audited, re-tied and checked alone; OUT is then
+the folder holding them. torch, transformers and onnxruntime are imported here, on use, never by
+``import tieaudit``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from tieaudit.core.errors import TieauditError, UsageError, one_line
 from tieaudit.graph.detect import ALL_RELATIONS, CopyGroup
 from tieaudit.repair.plan import Decision
 from tieaudit.rules.finding import Finding
-from tieaudit.runtime.export_source import ExportSource, load_source, parameter_sizes
+from tieaudit.runtime.export_parts import ExportSource, parameter_names, parameter_sizes
+from tieaudit.runtime.export_source import load_source, require_export
 
 if TYPE_CHECKING:
     import numpy as np
@@ -35,33 +38,80 @@ class ExportError(TieauditError):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ExportedFile:
+    """One ONNX file of the export and what was checked on it."""
+
+    path: str
+    """Where it is published: OUT, or OUT/<part file> for a model exported as several files."""
+    parameter_initializer_bytes: int
+    """Bytes of its initializers named after a parameter (any of its tied names)."""
+    initializer_bytes: int
+    """Bytes of every initializer in it."""
+    retied: tuple[Decision, ...]
+    """Copies in the exported file turned back into one initializer."""
+    remaining: tuple[CopyGroup, ...]
+    """Copies left (the tie check fails when any)."""
+    max_abs_diff: float
+    """Largest |ONNX Runtime - torch| over its output elements, on its example inputs."""
+    runtime: tuple[Finding, ...]
+    """TIE005: copies ONNX Runtime makes under its default session options."""
+    runtime_error: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
 class ExportResult:
-    """What ``tieaudit export`` did and checked."""
+    """What ``tieaudit export`` did and checked; the totals are over every file."""
 
     source: str
     out: str
     written: bool
     """OUT (and OUT.data) were moved into place: every check passed."""
+    kind: str
+    """causal LM, masked LM, seq2seq LM (from config.json's architectures) or module:function."""
+    model_class: str
+    """The class exported (the first of config.json's architectures export supports)."""
     description: str
     """The source, e.g. the model class and example input shapes."""
+    files: tuple[ExportedFile, ...]
+    """One per ONNX file, in export order."""
     parameter_bytes: int
     """torch parameter bytes, each parameter once (tied names count once)."""
     parameter_initializer_bytes: int
-    """Bytes of OUT's initializers named after a parameter (any of its tied names)."""
+    """Bytes of the initializers named after a parameter, summed over the files."""
+    parameter_bytes_repeated: int
+    """Of those, the bytes of parameters stored in more than one file (each file loads alone)."""
     initializer_bytes: int
-    """Bytes of every initializer in OUT."""
+    """Bytes of every initializer, summed over the files."""
     parameters_not_stored: tuple[str, ...]
-    """Parameters no initializer is named after (merged or folded by the exporter)."""
-    retied: tuple[Decision, ...]
-    """Copies of the exported model turned back into one initializer."""
-    remaining: tuple[CopyGroup, ...]
-    """Copies left in OUT (the tie check fails when any)."""
-    max_abs_diff: float
-    """Largest |ONNX Runtime - torch| over every output element."""
+    """Parameters no initializer of any file is named after (merged or folded by the exporter)."""
     atol: float
-    runtime: tuple[Finding, ...]
-    """TIE005: copies ONNX Runtime makes under its default session options."""
-    runtime_error: str | None
+
+    @property
+    def retied(self) -> tuple[Decision, ...]:
+        """Copies re-tied, over every file."""
+        return tuple(d for f in self.files for d in f.retied)
+
+    @property
+    def remaining(self) -> tuple[CopyGroup, ...]:
+        """Copies left, over every file."""
+        return tuple(g for f in self.files for g in f.remaining)
+
+    @property
+    def max_abs_diff(self) -> float:
+        """Largest |ONNX Runtime - torch| over every file's outputs."""
+        return max((f.max_abs_diff for f in self.files), default=0.0)
+
+    @property
+    def runtime(self) -> tuple[Finding, ...]:
+        """TIE005 findings, over every file."""
+        return tuple(r for f in self.files for r in f.runtime)
+
+    @property
+    def runtime_error(self) -> str | None:
+        """The runtime check's failures, one per failing file; None when it ran on every file."""
+        errors = [f"{f.path}: {f.runtime_error}" if len(self.files) > 1 else f.runtime_error
+                  for f in self.files if f.runtime_error is not None]  # fmt: skip
+        return "; ".join(errors) if errors else None
 
     @property
     def parity_ok(self) -> bool:
@@ -151,24 +201,50 @@ def _parity(source: ExportSource, path: str, expected: list[np.ndarray]) -> floa
     return max((float(np.max(np.abs(a.astype(np.float64) - e))) for a, e in pairs if a.size), default=0.0)
 
 
-def _stored(
-    path: str, aliases: Mapping[str, int], sizes: Mapping[int, int]
-) -> tuple[int, int, tuple[str, ...], tuple[CopyGroup, ...]]:
-    """(parameter initializer bytes, all initializer bytes, parameters not stored, copies left) of path."""
+def _stored(path: str, aliases: Mapping[str, int]) -> tuple[int, int, frozenset[int], tuple[CopyGroup, ...]]:
+    """(parameter initializer bytes, all initializer bytes, ids of the parameters stored, copies left)."""
     from tieaudit.formats import open_checkpoint
     from tieaudit.graph.detect import find_copies, lookup_tables
 
     with open_checkpoint(path) as opened:
         ckpt = opened.checkpoint
-        stored_ids = {aliases[t.name] for t in ckpt.tensors if t.name in aliases}
+        stored_ids = frozenset(aliases[t.name] for t in ckpt.tensors if t.name in aliases)
         param_bytes = sum(t.nbytes for t in ckpt.tensors if t.name in aliases)
         total = sum(t.nbytes for t in ckpt.tensors)
         remaining = find_copies(opened, ALL_RELATIONS, lookup_names=lookup_tables(ckpt))
-    first_name: dict[int, str] = {}
-    for name, ident in aliases.items():
-        first_name.setdefault(ident, name)
-    missing = tuple(first_name[i] for i in sizes if i not in stored_ids)
-    return param_bytes, total, missing, tuple(remaining)
+    return param_bytes, total, stored_ids, tuple(remaining)
+
+
+def _export_file(
+    part: ExportSource, *, raw: str, staged: str, shown: str, opset: int | None, runtime_timeout: float
+) -> tuple[ExportedFile, frozenset[int]]:
+    """Export part to raw, re-tie it into staged, check it; (its record, ids of the parameters it stores)."""
+    from tieaudit.repair.retie import retie
+    from tieaudit.runtime.measure import runtime_findings
+
+    os.mkdir(os.path.dirname(raw))
+    _torch_export(part, raw, opset)
+    plan = retie(raw, staged, relations=frozenset(ALL_RELATIONS)).plan
+    shutil.rmtree(os.path.dirname(raw))
+    param_bytes, total, stored_ids, remaining = _stored(staged, parameter_names((part,)))
+    max_diff = _parity(part, staged, _torch_outputs(part))
+    runtime: tuple[Finding, ...] = ()
+    runtime_error = None
+    try:
+        runtime = tuple(runtime_findings(staged, runtime_timeout, shown_path=shown))
+    except TieauditError as exc:
+        runtime_error = exc.message
+    exported = ExportedFile(
+        path=shown,
+        parameter_initializer_bytes=param_bytes,
+        initializer_bytes=total,
+        retied=plan.applied,
+        remaining=remaining,
+        max_abs_diff=max_diff,
+        runtime=runtime,
+        runtime_error=runtime_error,
+    )
+    return exported, stored_ids
 
 
 def export_model(
@@ -180,49 +256,59 @@ def export_model(
     atol: float = DEFAULT_ATOL,
     runtime_timeout: float = 300.0,
 ) -> ExportResult:
-    """Export source to out with the tie kept; out is written only when every check passes."""
+    """Export source to out with the tie kept; out is written only when every check passes.
+
+    A model exported as several files (a seq2seq LM) is written into the folder out."""
     from tieaudit.repair.publish import publish, resolve
-    from tieaudit.repair.retie import retie
-    from tieaudit.runtime.measure import runtime_findings
 
     _check_out(out)
+    require_export(source)
     loaded = load_source(source, dims or {})
-    sizes = parameter_sizes(loaded.module)
-    aliases = {name: id(p) for name, p in loaded.module.named_parameters(remove_duplicate=False)}
+    if loaded.folder_out and out.lower().endswith(".onnx"):
+        names = ", ".join(p.file for p in loaded.parts)
+        message = f"a {loaded.kind} is exported as {names}: OUT is the folder for them, not a .onnx file"
+        raise UsageError(message, out)
+    sizes: dict[int, int] = {}
+    for part in loaded.parts:
+        sizes.update(parameter_sizes(part.module))
     folder, base = os.path.split(os.path.abspath(out))
     stage = tempfile.mkdtemp(prefix=f".{base}.tieaudit-export-", dir=folder)
     try:
-        raw = os.path.join(stage, "exported", "exported.onnx")
-        os.mkdir(os.path.dirname(raw))
-        _torch_export(loaded, raw, opset)
         final_stage = os.path.join(stage, "out")
         os.mkdir(final_stage)
-        staged = os.path.join(final_stage, base)
-        plan = retie(raw, staged, relations=frozenset(ALL_RELATIONS)).plan
-        shutil.rmtree(os.path.dirname(raw))
-        param_bytes, total, missing, remaining = _stored(staged, aliases, sizes)
-        max_diff = _parity(loaded, staged, _torch_outputs(loaded))
-        runtime: tuple[Finding, ...] = ()
-        runtime_error = None
-        try:
-            runtime = tuple(runtime_findings(staged, runtime_timeout, shown_path=out))
-        except TieauditError as exc:
-            runtime_error = exc.message
+        if loaded.folder_out:
+            os.mkdir(os.path.join(final_stage, base))
+        files: list[ExportedFile] = []
+        stored: dict[int, int] = {}  # id(parameter) -> files storing it
+        for index, part in enumerate(loaded.parts):
+            exported, stored_ids = _export_file(
+                part,
+                raw=os.path.join(stage, f"exported-{index}", "exported.onnx"),
+                staged=os.path.join(final_stage, base, *[part.file] if part.file else []),
+                shown=os.path.join(out, part.file) if part.file else out,
+                opset=opset,
+                runtime_timeout=runtime_timeout,
+            )
+            files.append(exported)
+            for ident in stored_ids:
+                stored[ident] = stored.get(ident, 0) + 1
+        first_name: dict[int, str] = {}
+        for name, ident in parameter_names(loaded.parts).items():
+            first_name.setdefault(ident, name)
         result = ExportResult(
             source=source,
             out=out,
             written=False,
+            kind=loaded.kind,
+            model_class=loaded.model_class,
             description=loaded.description,
+            files=tuple(files),
             parameter_bytes=sum(sizes.values()),
-            parameter_initializer_bytes=param_bytes,
-            initializer_bytes=total,
-            parameters_not_stored=missing,
-            retied=plan.applied,
-            remaining=remaining,
-            max_abs_diff=max_diff,
+            parameter_initializer_bytes=sum(f.parameter_initializer_bytes for f in files),
+            parameter_bytes_repeated=sum(sizes[i] * (n - 1) for i, n in stored.items()),
+            initializer_bytes=sum(f.initializer_bytes for f in files),
+            parameters_not_stored=tuple(first_name[i] for i in sizes if i not in stored),
             atol=atol,
-            runtime=runtime,
-            runtime_error=runtime_error,
         )
         if result.passed:
             publish(final_stage, out=resolve(out, "OUT"), out_given=out)

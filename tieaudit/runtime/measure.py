@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from tieaudit.core.errors import TieauditError, UsageError
 from tieaudit.core.exit_codes import ExitCode
+from tieaudit.core.extras import require
 from tieaudit.core.units import human_bytes
 from tieaudit.rules.finding import SEVERITY_RANK, Finding, Severity
 from tieaudit.rules.runtime_duplicate import RUNTIME_DUPLICATE
@@ -232,6 +233,13 @@ def duplicate_findings(
     return findings
 
 
+def require_runtime(for_what: str = "the runtime check") -> None:
+    """MissingExtra (pip install 'tieaudit[runtime]') when onnxruntime is not installed: once, before
+    any probe, instead of every probe failing on its import. Looked up, not imported: only the
+    probes import it, in their own processes."""
+    require(for_what, ("onnxruntime",), load=False)
+
+
 def measure_runtime(
     path: str,
     *,
@@ -251,6 +259,7 @@ def measure_runtime(
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
         raise UsageError(f"unknown configuration {', '.join(unknown)} (known: {', '.join(CONFIGS)})")
+    require_runtime("runtime")
     model = read_model(path, dims or {})
     fold_limit = model.fold_limit if fold_limit is None else fold_limit
     limit = default_memory_limit(model) if memory_limit is None else memory_limit
@@ -318,6 +327,7 @@ def runtime_findings(
     default_memory_limit of the model). Raises ProbeError when ONNX Runtime cannot create a session
     for the model (or crashes, times out, or needs more memory than the limit).
     """
+    require_runtime()
     model = read_model(path, {}, with_inputs=False)  # no inference: no synthetic inputs to build
     fold_limit = model.fold_limit
     limit = memory_limit or memory_limit_from_env() or default_memory_limit(model)
