@@ -317,7 +317,7 @@ def test_export_dim_naming_nothing_is_a_usage_error(
     assert main(["export", str(folder), str(tmp_path / "o.onnx"), "--dim", "foo=3"]) == 2
     assert capsys.readouterr().err == (
         "tieaudit: error: --dim foo sets nothing: a Hugging Face folder's example sizes are "
-        "--dim batch, --dim sequence\n"
+        "--dim batch, --dim sequence and, for a seq2seq model, --dim decoder_sequence\n"
     )
     assert main(["export", "mymodels:build", str(tmp_path / "o.onnx"), "--dim", "batch=2"]) == 2
     assert capsys.readouterr().err == (
