@@ -28,12 +28,13 @@ from tieaudit.gate.files import (
     LINKED_FOLDER,
     NOT_REGULAR,
     OUTSIDE_LINK,
+    RETIE_BACKUP,
     STAGING,
     FileVerdict,
     covered_reason,
     skip_reason,
 )
-from tieaudit.repair.publish import STAGE_INFIX
+from tieaudit.repair.publish import BACKUP_SUFFIX, STAGE_INFIX
 
 __all__ = [
     "Discovery",
@@ -92,9 +93,12 @@ class Discovery:
 
 def _skipped_name(name: str) -> str:
     """Why a name is never searched (hidden, retie's staging folders, named so that a rename never
-    lets one through), or empty."""
+    lets one through, and the originals retie --in-place kept: a backup folder is a whole model), or
+    empty."""
     if STAGE_INFIX in name:
         return STAGING
+    if name.endswith(BACKUP_SUFFIX):
+        return RETIE_BACKUP
     return HIDDEN if name.startswith(".") else ""
 
 
