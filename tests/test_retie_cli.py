@@ -99,7 +99,7 @@ def test_no_out_needs_in_place_or_dry_run(tmp_path: Path, capsys: pytest.Capture
         ("st_cloned_head", "b.pt", "safetensors file and OUT is written in the same format: end OUT's "
          "name in .safetensors"),
         ("torch_cloned_head", "b.safetensors", "PyTorch file and OUT is written in the same format: end "
-         "OUT's name in one of .pt, .pth, .bin, .ckpt, .pth.tar"),
+         "OUT's name in one of .pt, .pth, .bin, .ckpt, .tar"),
         ("onnx_helper_duplicate", "b.pt", "ONNX file and OUT is written in the same format: end OUT's "
          "name in .onnx"),
         ("hf_llama_cloned_head", "b.safetensors", "model folder and OUT is written as a folder; name it "

@@ -55,7 +55,7 @@ def _relations(value: str | None) -> frozenset[str] | None:
     "--force-format",
     is_flag=True,
     help="Accept OUT's name as it is, even when its suffix is not the input format's "
-    "(.safetensors; .pt, .pth, .bin, .ckpt or .pth.tar; .onnx; no checkpoint suffix for a folder). "
+    "(.safetensors; .pt, .pth, .bin, .ckpt or .tar; .onnx; no checkpoint suffix for a folder). "
     "The output is still written in the input's format.",
 )
 @click.option(
@@ -113,7 +113,7 @@ def retie(
     Say where the output goes: OUT, --in-place (OUT left out; the original is kept as
     IN.tieaudit-backup, which check skips) or --dry-run. OUT is written in IN's format,
     so its name must end in that format's suffix (.safetensors; .pt, .pth, .bin, .ckpt,
-    .pth.tar; .onnx; a folder's OUT has none) unless --force-format.
+    .tar; .onnx; a folder's OUT has none) unless --force-format.
 
     The output is written beside OUT, read back and compared with the input name by
     name, fsynced, then renamed into place. IN is never modified (with --in-place it

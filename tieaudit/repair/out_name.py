@@ -15,10 +15,10 @@ from tieaudit.core.records import Format
 
 OUT_SUFFIXES: dict[Format, tuple[str, ...]] = {
     "safetensors": (".safetensors",),
-    "torch": (".pt", ".pth", ".bin", ".ckpt", ".pth.tar"),
+    "torch": (".pt", ".pth", ".bin", ".ckpt", ".tar"),  # .tar: .pth.tar, as check finds it
     "onnx": (".onnx",),
 }
-"""The suffixes an output file of each format may end in (as check finds them, case as written)."""
+"""The suffixes an output file of each format may end in (those check audits it by, case as written)."""
 FILE_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".tar", ".onnx")
 """Names of checkpoint files: a model folder written under one would pass for a file."""
 _CALLED: dict[Format, str] = {"safetensors": "safetensors", "torch": "PyTorch", "onnx": "ONNX"}
