@@ -69,6 +69,9 @@ def test_retie_then_load_tied_gives_every_value_back(state: dict[str, torch.Tens
         source, out = Path(folder, "in.safetensors"), Path(folder, "out.safetensors")
         save_file(state, str(source))
         result = retie(str(source), str(out), relations=ALL, min_bytes=0, all_equal=True)
+        if result.written is None:  # no copy drawn: nothing to re-tie, nothing written
+            assert result.nothing_to_retie and not out.exists()
+            out = source
         stored = set(load_file(str(out)))  # the Rust loader accepts the streamed file
         assert stored == {name for name in state if "." not in name}  # every injected copy dropped
         assert result.plan.saved_bytes == sum(t.nbytes for n, t in state.items() if "." in n)

@@ -39,7 +39,7 @@ def _clone_checkpoint(path: Path, rows: int, cols: int = 256) -> dict[str, np.nd
         "model.norm.weight": rng.standard_normal(cols).astype(np.float32),
     }
     tensors[HEAD] = tensors[EMBED].copy()
-    save_file(tensors, str(path))
+    save_file(tensors, str(path), metadata={HEAD: EMBED})  # the record: retie's default re-ties it
     return tensors
 
 

@@ -3,8 +3,9 @@
 Every spelling of OUT that reaches IN (``IN/.``, ``IN/``, ``nosuchdir/../IN``, ``IN/../IN``, links,
 hard links, a path inside an IN folder) is refused with IN byte-identical and nothing created; a
 ``link/..`` goes where the kernel says; a file appearing at OUT while retie runs is left as it is;
-and an --in-place run killed at any step leaves the original at IN or IN.bak, with IN's path never
-empty, and the next run names what the killed one left behind.
+and an --in-place run killed at any step leaves the original at IN or IN.tieaudit-backup, with IN's
+path never empty, and the next run names what the killed one left behind (also IN.bak, the backup
+name of earlier versions).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from safetensors.numpy import save_file
 import tieaudit.repair.retie as retie_module
 from tieaudit.cli.main import main
 from tieaudit.formats import open_checkpoint
+from tieaudit.repair.publish import BACKUP_SUFFIX, LEGACY_BACKUP_SUFFIX
 
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
@@ -34,7 +36,7 @@ def _clone(path: Path, rows: int = 256, cols: int = 64) -> dict[str, np.ndarray]
     rng = np.random.default_rng(rows)
     tensors = {EMBED: rng.standard_normal((rows, cols)).astype(np.float32)}
     tensors[HEAD] = tensors[EMBED].copy()
-    save_file(tensors, str(path))
+    save_file(tensors, str(path), metadata={HEAD: EMBED})  # the record: retie's default re-ties it
     return tensors
 
 
@@ -177,9 +179,12 @@ def test_an_entry_appearing_at_out_is_never_overwritten(
         source, out = tmp_path / "model", tmp_path / "model-tied"
         shutil.copytree(corpus.path("hf_llama_cloned_head"), source)
     else:  # the external data goes to OUT.data, which is published before OUT itself
-        source, out = tmp_path / "in", tmp_path / "out.onnx"
-        shutil.copytree(corpus.path("onnx_gpt2_tied_dynamo_extdata"), source)
-        source = source / "model.onnx"
+        import onnx
+
+        source, out = tmp_path / "in" / "model.onnx", tmp_path / "out.onnx"
+        source.parent.mkdir()
+        duplicate = onnx.load(str(corpus.path("onnx_helper_duplicate")))  # E_copy: a copy of E
+        onnx.save(duplicate, str(source), save_as_external_data=True, location="data.bin", size_threshold=0)
     before = _digest(source)
 
     def someone_writes_out(staged: str) -> None:
@@ -206,13 +211,13 @@ def test_a_backup_appearing_during_in_place_is_never_overwritten(
     source = tmp_path / "model.safetensors"
     _clone(source)
     before = _digest(source)
-    backup = tmp_path / "model.safetensors.bak"
+    backup = tmp_path / f"model.safetensors{BACKUP_SUFFIX}"
     monkeypatch.setattr(retie_module, "before_rename", lambda staged: backup.write_bytes(b"theirs"))
-    assert main(["retie", str(source), str(source), "--in-place"]) == 2
+    assert main(["retie", str(source), "--in-place"]) == 2
     assert "appeared" in _one_line(capsys.readouterr().err)
     assert backup.read_bytes() == b"theirs"
     assert _digest(source) == before
-    assert sorted(os.listdir(tmp_path)) == ["model.safetensors", "model.safetensors.bak"]
+    assert sorted(os.listdir(tmp_path)) == ["model.safetensors", backup.name]
 
 
 # --- --in-place killed at every step ----------------------------------------------------------------
@@ -270,7 +275,7 @@ def test_in_place_killed_at_every_step_keeps_the_original(
         else:
             shutil.copytree(corpus.path("hf_llama_cloned_head"), source)
         expected, before = _values(source), _digest(source)
-        backup = Path(f"{source}.bak")
+        backup = Path(f"{source}{BACKUP_SUFFIX}")
         child = subprocess.run(
             [sys.executable, "-c", KILL_AT, str(step), str(source)],
             capture_output=True,
@@ -306,15 +311,19 @@ def test_in_place_killed_at_every_step_keeps_the_original(
 # --- traces of interrupted runs -------------------------------------------------------------------
 
 
-def test_in_missing_beside_its_backup_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """What a kill between the two renames of an older --in-place left: no IN, the original in IN.bak."""
-    source, backup = tmp_path / "model.safetensors", tmp_path / "model.safetensors.bak"
+@pytest.mark.parametrize("suffix", [BACKUP_SUFFIX, LEGACY_BACKUP_SUFFIX])
+def test_in_missing_beside_its_backup_is_named(
+    suffix: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What a kill between the two renames of an older --in-place left: no IN, the original in its
+    backup (this version's name, or IN.bak of an earlier one)."""
+    source, backup = tmp_path / "model.safetensors", tmp_path / f"model.safetensors{suffix}"
     _clone(backup)
     before = _digest(backup)
-    assert main(["retie", str(source), str(source), "--in-place"]) == 2
+    assert main(["retie", str(source), "--in-place"]) == 2
     line = _one_line(capsys.readouterr().err)
-    assert "interrupted" in line and "move it back" in line, line
-    assert _digest(backup) == before and os.listdir(tmp_path) == ["model.safetensors.bak"]
+    assert "interrupted" in line and f"move it back (model.safetensors{suffix} ->" in line, line
+    assert _digest(backup) == before and os.listdir(tmp_path) == [backup.name]
 
 
 def _dead_pid() -> int:
@@ -395,7 +404,7 @@ def test_canonical_resolves_as_the_kernel_does(tmp_path: Path) -> None:
 def test_in_place_without_hard_links_or_exchange(
     kind: str, corpus: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The fallbacks keep the promise too: IN is the output, IN.bak the original."""
+    """The fallbacks keep the promise too: IN is the output, its backup the original."""
     import errno
 
     import tieaudit.core.fsops as fsops
@@ -422,9 +431,9 @@ def test_in_place_without_hard_links_or_exchange(
     expected, before = _values(source), _digest(source)
     # --all-equal: the file's copy has no {dropped: kept} record (the folder's is a class tie)
     assert main(["retie", str(source), str(source), "--in-place", "--all-equal"]) == 0
-    assert _digest(Path(f"{source}.bak")) == before and _digest(source) != before
+    assert _digest(Path(f"{source}{BACKUP_SUFFIX}")) == before and _digest(source) != before
     _assert_same_values(source, expected)
-    assert sorted(os.listdir(tmp_path)) == sorted([source.name, f"{source.name}.bak"])
+    assert sorted(os.listdir(tmp_path)) == sorted([source.name, f"{source.name}{BACKUP_SUFFIX}"])
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,7 @@ import tieaudit.repair.retie as retie_module
 from tieaudit import load_tied
 from tieaudit.cli.main import main
 from tieaudit.core.errors import OutputError, UnsafeInputError, UsageError
+from tieaudit.repair.publish import BACKUP_SUFFIX
 from tieaudit.repair.retie import retie
 from tieaudit.repair.st_stream import byte_chunks, header_bytes
 
@@ -112,14 +113,12 @@ def test_cloned_head_becomes_one_tensor(corpus: Any, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("fixture", ["st_save_model_tied", "st_untied_lm"])
-def test_nothing_to_retie_keeps_tensors_and_metadata(corpus: Any, tmp_path: Path, fixture: str) -> None:
+def test_nothing_to_retie_writes_nothing(corpus: Any, tmp_path: Path, fixture: str) -> None:
+    """Already tied, or no copy at all: no OUT (the input is the answer as it is)."""
     source, out = corpus.path(fixture), tmp_path / "out.safetensors"
     result = retie(str(source), str(out))
-    assert result.plan.applied == ()
-    assert_same_values(load_file(str(source)), load_file(str(out)))
-    assert metadata(out) == metadata(source)
-    tied = fixture == "st_save_model_tied"
-    assert torch.equal(toy_logits(source, tied), toy_logits(out, tied))
+    assert result.plan.applied == () and result.nothing_to_retie and result.written is None
+    assert os.listdir(tmp_path) == []
 
 
 @pytest.mark.parametrize(
@@ -133,7 +132,7 @@ def test_transposed_and_cast_left_by_default_applied_on_request(
     left = retie(str(source), str(tmp_path / "default.safetensors"))
     assert [d.applied for d in left.plan.decisions] == [False]
     assert "load_tied" in left.plan.decisions[0].reason
-    assert_same_values(load_file(str(source)), load_file(str(tmp_path / "default.safetensors")))
+    assert left.written is None and os.listdir(tmp_path) == []  # nothing to re-tie: nothing written
 
     out = tmp_path / "all.safetensors"
     result = retie(str(source), str(out), relations=ALL)
@@ -217,21 +216,12 @@ def test_hf_sharded_cloned_head(corpus: Any, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "fixture", ["hf_gpt2", "hf_gpt2_sharded", "hub_sharded_tied", "hf_t5", "hf_bert_mlm"]
 )
-def test_hf_folder_without_copies_round_trips(corpus: Any, tmp_path: Path, fixture: str) -> None:
+def test_hf_folder_without_copies_writes_nothing(corpus: Any, tmp_path: Path, fixture: str) -> None:
     source, out = corpus.path(fixture), tmp_path / "out"
+    before = digest(source)
     result = retie(str(source), str(out))
-    assert result.plan.applied == ()
-    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in source.iterdir())
-    for file in out.iterdir():
-        if file.suffix != ".safetensors" and not file.name.endswith(".index.json"):
-            assert file.read_bytes() == (source / file.name).read_bytes(), file.name
-    assert_same_values(load_tied(str(source)), load_tied(str(out)))
-    if fixture.startswith("hf_gpt2"):
-        assert torch.equal(hf_logits(source), hf_logits(out))
-    if fixture == "hub_sharded_tied":
-        assert json.loads((out / "model.safetensors.index.json").read_text())["metadata"]["head.weight"] == (
-            "emb.weight"
-        )
+    assert result.plan.applied == () and result.written is None
+    assert os.listdir(tmp_path) == [] and digest(source) == before
 
 
 def test_hf_config_flag_refused_when_it_would_tie_unequal_values(tmp_path: Path) -> None:
@@ -272,16 +262,12 @@ def test_hf_copy_the_class_does_not_tie_is_left_with_a_reason(corpus: Any, tmp_p
     assert {left.kept, left.dropped} <= set(out_state) and "lm_head.weight" not in out_state
 
 
-def test_hf_bin_folder_keeps_its_alias(corpus: Any, tmp_path: Path) -> None:
-    """A tied pytorch_model.bin folder (nothing to re-tie) is written with its alias intact
+def test_hf_bin_folder_already_tied_writes_nothing(corpus: Any, tmp_path: Path) -> None:
+    """A tied pytorch_model.bin folder has nothing to re-tie: no OUT
     (tests/test_retie_bin.py covers copies in .bin folders)."""
-    import torch
-
     result = retie(str(corpus.path("hf_gpt2_bin")), str(tmp_path / "out"))
-    assert not result.plan.applied
-    state = torch.load(str(tmp_path / "out" / "pytorch_model.bin"), weights_only=True)
-    head, embed = state["lm_head.weight"], state["transformer.wte.weight"]
-    assert head.untyped_storage().data_ptr() == embed.untyped_storage().data_ptr()
+    assert not result.plan.applied and result.written is None
+    assert os.listdir(tmp_path) == []
 
 
 def test_hf_side_files_copied_as_content_links_confined(corpus: Any, tmp_path: Path) -> None:
@@ -320,8 +306,9 @@ def test_fault_before_rename(
         raise OSError("injected fault between write and rename")
 
     monkeypatch.setattr(retie_module, "before_rename", fail)
+    out = tmp_path / ("out" if source.is_dir() else "out.safetensors")
     with pytest.raises(OutputError, match="injected") as raised:  # one line on the CLI, not a traceback
-        retie(str(source), str(tmp_path / "out"))
+        retie(str(source), str(out), all_equal=True)
     assert isinstance(raised.value.__cause__, OSError)
     assert digest(source) == before
     assert os.listdir(tmp_path) == ["in"]  # no OUT, no staging folder
@@ -341,7 +328,7 @@ CHILD = textwrap.dedent(
     st.write_tensor = slow
 
     from tieaudit.repair.retie import retie
-    retie(sys.argv[1], sys.argv[2])
+    retie(sys.argv[1], sys.argv[2], all_equal=True)
     """
 )
 
@@ -377,10 +364,10 @@ def test_out_equal_to_in_needs_in_place(corpus: Any, tmp_path: Path, fixture: st
         retie(str(source), str(source))
     assert digest(source) == before and os.listdir(tmp_path) == ["model"]
 
-    result = retie(str(source), str(source), in_place=True, all_equal=True)
-    backup = tmp_path / "model.bak"
+    result = retie(str(source), None, in_place=True, all_equal=True)
+    backup = tmp_path / f"model{BACKUP_SUFFIX}"
     assert result.backup == str(backup) and digest(backup) == before
-    assert sorted(os.listdir(tmp_path)) == ["model", "model.bak"]
+    assert sorted(os.listdir(tmp_path)) == ["model", backup.name]
     assert size(backup) - size(source) > VOCAB * HIDDEN * 4 - HEADER_SLACK
     assert_same_values(load_tied(str(backup)), load_tied(str(source)))
 

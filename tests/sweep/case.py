@@ -206,10 +206,16 @@ def _run(
     found += expect.compare_input(exp, answer, code)
     out = _out_path(written, os.path.join(base, "out"))
     try:
-        retie(written.path, out)
+        done = retie(written.path, out)
     except Exception as exc:
         cause = "retie-unsupported" if type(exc).__name__ == "UnsupportedFormatError" else "retie-error"
         return found + [Disagreement(cause, f"{type(exc).__name__}: {str(exc)[:400]}")]
+    if done.written is None:  # nothing to re-tie: retie writes nothing, the input stays the answer
+        if os.path.lexists(out):
+            return found + [
+                Disagreement("retie-wrote-nothing-to-retie", f"{out} exists after 'nothing to re-tie'")
+            ]
+        out = written.path
     out_answer, _, problems = ask(out)
     if out_answer is None:
         return found + [Disagreement("after-retie:" + p.cause, p.detail) for p in problems]

@@ -6,6 +6,7 @@ import click
 
 from tieaudit.cli.common import SizeParam, from_cache, user_errors
 from tieaudit.graph import DEFAULT_MIN_BYTES
+from tieaudit.repair.publish import BACKUP_SUFFIX
 
 
 def _relations(value: str | None) -> frozenset[str] | None:
@@ -44,7 +45,19 @@ def _relations(value: str | None) -> frozenset[str] | None:
     "files: pairs no {dropped: kept} record names; folders: pairs the model class does not tie). "
     "The plan prints each consequence. --relations alone never does this.",
 )
-@click.option("--in-place", is_flag=True, help="Allow OUT to be IN; the original is kept as IN.bak.")
+@click.option(
+    "--in-place",
+    is_flag=True,
+    help=f"Replace IN (OUT left out, or IN itself); the original is kept as IN{BACKUP_SUFFIX}, "
+    "a name check skips.",
+)
+@click.option(
+    "--force-format",
+    is_flag=True,
+    help="Accept OUT's name as it is, even when its suffix is not the input format's "
+    "(.safetensors; .pt, .pth, .bin, .ckpt or .tar; .onnx; no checkpoint suffix for a folder). "
+    "The output is still written in the input's format.",
+)
 @click.option(
     "--min-size",
     type=SizeParam(),
@@ -63,6 +76,7 @@ def retie(
     relations: str | None,
     all_equal: bool,
     in_place: bool,
+    force_format: bool,
     min_size: int,
 ) -> None:
     """Turn copies back into one stored tensor, verified bit for bit, written atomically.
@@ -100,15 +114,22 @@ def retie(
     IN may be a repository id in the local Hugging Face cache (org/name[@revision], as
     for check); --in-place is then refused.
 
+    Say where the output goes: OUT, --in-place (OUT left out; the original is kept as
+    IN.tieaudit-backup, which check skips) or --dry-run. OUT is written in IN's format,
+    so its name must end in that format's suffix (.safetensors; .pt, .pth, .bin, .ckpt,
+    .tar; .onnx; a folder's OUT has none) unless --force-format.
+
     The output is written beside OUT, read back and compared with the input name by
     name, fsynced, then renamed into place. IN is never modified (with --in-place it
-    becomes IN.bak). Exit 0 written and verified (or a dry-run plan); 2 otherwise,
-    with OUT not created.
+    becomes IN.tieaudit-backup). When the plan re-ties nothing, nothing is written (no
+    OUT, no backup) and retie says "nothing to re-tie", exit 0. Exit 0 written and
+    verified (or a dry-run plan); 2 otherwise, with OUT not created.
 
     \b
     Examples:
       tieaudit retie model.safetensors --dry-run
       tieaudit retie ./llama ./llama-tied
+      tieaudit retie model.safetensors --in-place
       tieaudit retie model.onnx model-tied.onnx
       tieaudit retie ckpt.safetensors out.safetensors --relations equal,transposed,cast
       tieaudit retie merged.safetensors out.safetensors --all-equal
@@ -116,8 +137,6 @@ def retie(
     from tieaudit.repair.retie import retie as run_retie
     from tieaudit.report.plan import render_plan
 
-    if out is None and not dry_run:
-        raise click.UsageError("OUT is required (only --dry-run may leave it out)")
     given, source = source, from_cache(source, verb="read")
     if in_place and source != given:
         raise click.UsageError(
@@ -125,13 +144,14 @@ def retie(
         )
     result = run_retie(
         source,
-        out or source,
+        out,
         relations=_relations(relations),
         keep=keep,
         dry_run=dry_run,
         in_place=in_place,
         min_bytes=min_size,
         all_equal=all_equal,
+        force_format=force_format,
     )
     for note in result.notes:
         click.echo(f"tieaudit: note: {note}", err=True)

@@ -34,13 +34,14 @@ from tieaudit.gate.files import (
     LINKED_FOLDER,
     NOT_REGULAR,
     OUTSIDE_LINK,
+    RETIE_BACKUP,
     STAGING,
     FileVerdict,
     covered_reason,
     skip_reason,
 )
 from tieaudit.gate.glob_use import ExcludeMatches, check_excludes
-from tieaudit.repair.publish import STAGE_INFIX
+from tieaudit.repair.publish import BACKUP_SUFFIX, STAGE_INFIX
 
 __all__ = [
     "Discovery",
@@ -104,9 +105,12 @@ class Discovery:
 
 def _skipped_name(name: str) -> str:
     """Why a name is never searched (hidden, retie's staging folders, named so that a rename never
-    lets one through), or empty."""
+    lets one through, and the originals retie --in-place kept: a backup folder is a whole model), or
+    empty."""
     if STAGE_INFIX in name:
         return STAGING
+    if name.endswith(BACKUP_SUFFIX):
+        return RETIE_BACKUP
     return HIDDEN if name.startswith(".") else ""
 
 

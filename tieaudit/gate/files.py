@@ -23,6 +23,7 @@ __all__ = [
     "OUTSIDE_LINK",
     "NOT_A_CHECKPOINT",
     "NOT_REGULAR",
+    "RETIE_BACKUP",
     "STAGING",
     "FileVerdict",
     "Verdict",
@@ -36,6 +37,7 @@ Verdict = Literal["audited", "covered", "skipped", "error"]
 NOT_A_CHECKPOINT = "not a checkpoint format"
 HIDDEN = "hidden (its name starts with '.')"
 STAGING = "a retie staging folder (a run in progress, or one killed midway)"
+RETIE_BACKUP = "a retie backup: the original kept by --in-place"
 LINKED_FOLDER = "a link to a folder, not followed"
 NOT_REGULAR = "not a regular file (a FIFO, socket or device)"
 OUTSIDE_LINK = "a link to a file outside the folder searched"

@@ -5,9 +5,11 @@ Every comparison and every filesystem call uses the resolved paths (``core.fsops
 ``IN/.``, ``IN/``, ``nosuchdir/../IN`` or a link cannot name IN once checked and another entry
 once written. OUT is refused when it is IN (same path or same inode) without --in-place, or lies
 inside an IN folder. Publishing uses RENAME_NOREPLACE: whatever appears at OUT while retie runs
-is left as it is. --in-place keeps the original at IN or IN.bak at every instant: a file gets a
-hard link IN.bak before the new file is renamed over IN; a folder output is first moved to IN.bak,
-then swapped with IN (RENAME_EXCHANGE). A run killed in between leaves traces the next run names.
+is left as it is. --in-place keeps the original at IN or its backup IN.tieaudit-backup at every
+instant: a file gets a hard link IN.tieaudit-backup before the new file is renamed over IN; a folder
+output is first moved to IN.tieaudit-backup, then swapped with IN (RENAME_EXCHANGE). A run killed in
+between leaves traces the next run names. The backup's name is one ``check`` skips (gate.discover):
+a backup folder is a whole model folder, which would otherwise be audited beside the new one.
 """
 
 from __future__ import annotations
@@ -33,7 +35,10 @@ from tieaudit.core.fsops import (
 from tieaudit.formats.hf_cache import in_hub_cache
 
 STAGE_INFIX = ".tieaudit-stage-"
-BACKUP_SUFFIX = ".bak"
+BACKUP_SUFFIX = ".tieaudit-backup"
+"""Where --in-place keeps the original: IN + this suffix (check skips such names)."""
+LEGACY_BACKUP_SUFFIX = ".bak"
+"""The backup suffix of earlier versions: an interrupted run of one may have left IN.bak."""
 IN_PLACE_MARKER = "in-place-original"
 """In the stage of an --in-place folder run: 'device inode' of IN before the swap."""
 LINK_UNSUPPORTED = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.EXDEV})
@@ -49,7 +54,7 @@ class RetiePaths:
     out: CanonicalPath
     """OUT, resolved."""
     backup: CanonicalPath | None
-    """IN.bak (beside IN), with --in-place."""
+    """IN.tieaudit-backup (beside IN), with --in-place."""
     out_given: str
     """OUT as the user typed it, for messages."""
 
@@ -89,14 +94,7 @@ def check_paths(source: str, out: str, in_place: bool) -> RetiePaths:
     """Resolve IN and OUT once and refuse every way OUT could reach IN; raise UsageError."""
     src = resolve(source, "IN")
     if not os.path.exists(src.path):
-        backup = src.sibling(src.name + BACKUP_SUFFIX)
-        if os.path.lexists(backup.path):
-            raise UsageError(
-                f"missing, and {printable(backup.name)} is there: an interrupted --in-place run left "
-                f"the original in it; move it back ({printable(backup.name)} -> "
-                f"{printable(src.name)}) and run again",
-                source,
-            )
+        _interrupted(src, source)
         raise UsageError("no such file or folder", source)
     if ends_in_folder_marker(out):
         raise UsageError("OUT must end in the name of the file or folder to create, not in '/' or '.'", out)
@@ -118,6 +116,21 @@ def check_paths(source: str, out: str, in_place: bool) -> RetiePaths:
     if stat.S_ISDIR(in_stat.st_mode) and _inside(dst.folder, in_stat):
         raise UsageError("OUT is inside the input folder; choose a path outside it", out)
     return RetiePaths(source=src, out=dst, backup=None, out_given=out)
+
+
+def _interrupted(src: CanonicalPath, source: str) -> None:
+    """IN is missing: raise naming the backup an interrupted --in-place run left (this version's
+    name, or IN.bak of an earlier version), if one is there."""
+    earlier = (LEGACY_BACKUP_SUFFIX, "if an earlier tieaudit's interrupted")
+    for suffix, whose in ((BACKUP_SUFFIX, "an interrupted"), earlier):
+        backup = src.sibling(src.name + suffix)
+        if os.path.lexists(backup.path):
+            raise UsageError(
+                f"missing, and {printable(backup.name)} is there: {whose} --in-place run left "
+                f"the original in it; move it back ({printable(backup.name)} -> "
+                f"{printable(src.name)}) and run again",
+                source,
+            )
 
 
 def _stages(out: CanonicalPath) -> list[tuple[str, int]]:
@@ -148,7 +161,7 @@ def _identity(info: os.stat_result) -> str:
 
 
 def _free_backup(src: CanonicalPath) -> CanonicalPath:
-    """IN.bak, which must not exist; a leftover of an interrupted run is named as such."""
+    """IN.tieaudit-backup, which must not exist; a leftover of an interrupted run is named as such."""
     backup = src.sibling(src.name + BACKUP_SUFFIX)
     backup_stat = _lstat(backup.path)
     if backup_stat is None:
@@ -230,7 +243,7 @@ def _take_back(stage: str, out: CanonicalPath, moved: list[tuple[str, os.stat_re
 
 
 def publish_in_place(stage: str, paths: RetiePaths) -> None:
-    """Replace IN by the staged output; the original is at IN or IN.bak at every instant."""
+    """Replace IN by the staged output; the original is at IN or its backup at every instant."""
     assert paths.backup is not None
     if len(os.listdir(stage)) > 1:
         raise UsageError(
@@ -247,7 +260,7 @@ def publish_in_place(stage: str, paths: RetiePaths) -> None:
             if exc.errno not in LINK_UNSUPPORTED:
                 raise
         else:
-            fsync_path(paths.source.folder)  # IN.bak on disk before IN changes
+            fsync_path(paths.source.folder)  # the backup on disk before IN changes
             os.rename(staged, paths.source.path)
             fsync_path(paths.source.folder)
             return
@@ -255,8 +268,8 @@ def publish_in_place(stage: str, paths: RetiePaths) -> None:
 
 
 def _swap(stage: str, staged: str, paths: RetiePaths) -> None:
-    """IN.bak <- staged output, then IN and IN.bak exchanged: IN is the original until the swap,
-    IN.bak after it. The marker lets the next run tell which one a kill in between left where."""
+    """backup <- staged output, then IN and the backup exchanged: IN is the original until the swap,
+    the backup after it. The marker lets the next run tell which one a kill in between left where."""
     assert paths.backup is not None
     source, backup = paths.source.path, paths.backup.path
     marker = os.path.join(stage, IN_PLACE_MARKER)
@@ -276,7 +289,7 @@ def _swap(stage: str, staged: str, paths: RetiePaths) -> None:
         rename_noreplace(backup, staged)  # the output back in the stage, IN untouched
         if exc.errno not in UNSUPPORTED:
             raise
-        # No atomic swap on this filesystem: two renames; IN.bak holds the original between them.
+        # No atomic swap on this filesystem: two renames; the backup holds the original between them.
         rename_noreplace(source, backup)
         fsync_path(paths.source.folder)
         rename_noreplace(staged, source)

@@ -297,7 +297,9 @@ def load_reference(out: str, written: Checkpoint) -> Loaded | None:
         layout = written.training  # a Trainer folder's optimizer.pt and the like are not weights
         beside = {p.path for p in layout.parts if p.role != "model"} if layout else set()
         files = sorted({s.file for s in written.storages.values()} - beside) or [os.path.basename(out)]
-        if torch_weights(tuple(files)):
+        if written.format == "hf-dir" and torch_weights(
+            tuple(files)
+        ):  # a file goes by its bytes, not its name
             return _Torch([os.path.join(out, file) for file in files])
         return _Safetensors(out, written, files)
     except ImportError:

@@ -1,9 +1,10 @@
 """retie: plan -> write to a staging folder beside OUT -> re-read and verify -> fsync -> rename.
 
-The input is never modified. OUT appears only after the output has been read back (by tieaudit's
-readers and by the format's reference loader) and every original name compared bit for bit with
-the input; any failure, SIGINT or SIGTERM removes the staging folder. Paths, publishing and
---in-place are in repair.publish.
+The input is never modified. A plan that re-ties nothing writes nothing (no OUT, no backup). OUT
+is named for the input's format (``out_name``). OUT appears only after the output has been read
+back (by tieaudit's readers and by the format's reference loader) and every original name compared
+bit for bit with the input; any failure, SIGINT or SIGTERM removes the staging folder. Paths,
+publishing and --in-place are in repair.publish.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from tieaudit.formats import open_checkpoint
 from tieaudit.graph import DEFAULT_MIN_BYTES
 from tieaudit.graph.alias import build_graph
 from tieaudit.repair.interface import Writer
+from tieaudit.repair.out_name import check_out_name
 from tieaudit.repair.plan import RetiePlan, make_plan
 from tieaudit.repair.publish import (
     BACKUP_SUFFIX,
@@ -53,7 +55,7 @@ class RetieResult:
     plan: RetiePlan
     """The decisions."""
     written: str | None
-    """OUT, once written and verified (None for a dry run)."""
+    """OUT, once written and verified (None for a dry run, or when the plan re-ties nothing)."""
     backup: str | None
     """With --in-place: where the original now is."""
     input_bytes: int
@@ -62,6 +64,13 @@ class RetieResult:
     """Bytes of the output's files (0 for a dry run)."""
     notes: tuple[str, ...] = ()
     """Traces of interrupted runs found and cleaned up (stale staging folders)."""
+    dry_run: bool = False
+    """Only the plan was asked for."""
+
+    @property
+    def nothing_to_retie(self) -> bool:
+        """The plan applies no copy: nothing is (or would be) written."""
+        return not self.plan.applied
 
 
 def _writer(format: Format) -> Writer:
@@ -93,9 +102,21 @@ def _fsync_all(files: list[str]) -> None:
         fsync_path(file)
 
 
+def _out(source: str, out: str | None, *, dry_run: bool, in_place: bool) -> str:
+    """OUT, or IN for --in-place or a dry run without OUT; a usage error naming the three choices."""
+    if out is not None:
+        return out
+    if in_place or dry_run:
+        return source
+    raise UsageError(
+        f"say where the output goes: OUT (a new path), --in-place (replace IN, keeping the original "
+        f"as IN{BACKUP_SUFFIX}) or --dry-run (print the plan, write nothing)"
+    )
+
+
 def retie(
     source: str,
-    out: str,
+    out: str | None,
     *,
     relations: frozenset[str] | None = None,
     keep: str | None = None,
@@ -103,19 +124,31 @@ def retie(
     in_place: bool = False,
     min_bytes: int = DEFAULT_MIN_BYTES,
     all_equal: bool = False,
+    force_format: bool = False,
 ) -> RetieResult:
     """Turn the copies in source back into ties and write the result to out, verified.
 
+    out None: IN itself with in_place (given, it must be IN), nothing with dry_run. OUT's name must
+    fit the format (``out_name``) unless force_format. A plan that re-ties nothing writes nothing.
     By default an equal copy in a safetensors file or model folder is re-tied only where the
     format's loader restores it (``repair.loaders``); all_equal re-ties every equal copy, and the
     plan carries each consequence.
     """
-    paths = None if dry_run else check_paths(source, out, in_place)
+    named = None if in_place else out  # an OUT whose name is checked against the format
+    target = _out(source, out, dry_run=dry_run, in_place=in_place)
+    paths = None if dry_run else check_paths(source, target, in_place)
     if paths is None and not os.path.exists(source):
         raise UsageError("no such file or folder", source)
     try:
-        options = _Request(relations=relations, keep=keep, min_bytes=min_bytes, all_equal=all_equal)
-        return _retie(source, out, paths, request=options)
+        options = _Request(
+            relations=relations,
+            keep=keep,
+            min_bytes=min_bytes,
+            all_equal=all_equal,
+            named=named,
+            force_format=force_format,
+        )
+        return _retie(source, target, paths, request=options)
     except TieauditError as exc:
         if paths is not None and exc.path == paths.source.path:
             exc.path = source  # IN as the user typed it, not as resolved
@@ -134,11 +167,17 @@ class _Request:
     """Smaller tensors are never copy candidates."""
     all_equal: bool
     """Re-tie every equal copy, also those the format's loader does not restore."""
+    named: str | None
+    """OUT as given, when its name must fit the input's format (not with --in-place)."""
+    force_format: bool
+    """Accept OUT's name whatever its suffix."""
 
 
 def _retie(source: str, out: str, paths: RetiePaths | None, *, request: _Request) -> RetieResult:
     with open_checkpoint(source if paths is None else paths.source.path) as opened:
         ckpt = opened.checkpoint
+        if request.named is not None:  # before planning, which may read every byte
+            check_out_name(ckpt.format, request.named, force=request.force_format)
         made = make_plan(
             build_graph(ckpt),
             opened,
@@ -152,8 +191,15 @@ def _retie(source: str, out: str, paths: RetiePaths | None, *, request: _Request
         root = os.path.dirname(os.path.abspath(ckpt.path))
         single = not os.path.isdir(ckpt.path) and ckpt.files
         input_bytes = sum(_size(os.path.join(root, f)) for f in ckpt.files) if single else _size(ckpt.path)
-        if paths is None:
-            return RetieResult(plan=plan, written=None, backup=None, input_bytes=input_bytes, output_bytes=0)
+        if paths is None or not plan.applied:  # a dry run, or nothing to re-tie: nothing written
+            return RetieResult(
+                plan=plan,
+                written=None,
+                backup=None,
+                input_bytes=input_bytes,
+                output_bytes=0,
+                dry_run=paths is None,
+            )
         try:
             with signals_guarded() as guard:
                 output_bytes, notes = _write_and_publish(opened, plan, paths, guard=guard)
@@ -189,7 +235,7 @@ def _write_and_publish(
             syncing.result()
         output_bytes = sum(_size(os.path.join(stage, entry)) for entry in os.listdir(stage))
         before_rename(staged)
-        with guard.deferred():  # a signal now waits until OUT (or IN and IN.bak) is whole
+        with guard.deferred():  # a signal now waits until OUT (or IN and its backup) is whole
             if paths.backup is None:
                 publish(stage, out=paths.out, out_given=paths.out_given)
             else:

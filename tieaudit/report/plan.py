@@ -13,7 +13,7 @@ def render_plan(result: RetieResult) -> str:
     relations = ", ".join(sorted(plan.relations))
     lines = [f"retie plan for {printable(plan.path)} ({plan.format}; relations: {relations})"]
     if not plan.decisions:
-        lines.append("  no copies found: nothing to re-tie")
+        lines.append("  no copies found")
     for decision in plan.decisions:
         mark = "tie " if decision.applied else "left"
         arrow = {"equal": "=", "transposed": "= T of", "cast": "= cast of"}[decision.relation]
@@ -37,6 +37,9 @@ def render_plan(result: RetieResult) -> str:
         lines.append(
             f"  {plural(discarded, 'optimizer state tensor')} discarded (one state per re-tied parameter)"
         )
+    if result.nothing_to_retie:
+        lines.append(_nothing(result))
+        return "\n".join(lines) + "\n"
     lines.append(f"  saves {human_bytes(plan.saved_bytes)} ({plan.saved_bytes} bytes)")
     forced = sum(1 for d in plan.applied if d.consequence)
     if forced:
@@ -51,3 +54,12 @@ def render_plan(result: RetieResult) -> str:
             + (f"; original kept as {printable(result.backup)}" if result.backup else "")
         )
     return "\n".join(lines) + "\n"
+
+
+def _nothing(result: RetieResult) -> str:
+    """The closing line of a plan that applies no copy (what is left is listed above it)."""
+    left = len(result.plan.decisions)
+    line = "nothing to re-tie"
+    if left:
+        line += f" ({plural(left, 'copy')} left, each with its reason above)"
+    return line + ("" if result.dry_run else "; nothing written")
