@@ -229,14 +229,17 @@ def test_fix_hints_never_point_into_a_cache(cache: Path, capsys: pytest.CaptureF
     assert fixes == [f"tieaudit retie {file} ./model-retied.safetensors --all-equal"]
     # by layout wherever the cache is, through a link to the snapshot too
     os.symlink(file.parent, "linked")
-    assert retied_path("linked/model.safetensors") == "./model-retied.safetensors"
-    assert retied_path(str(file.parent) + "/") == "./tiny-retied"
-    assert retied_path("plain/model.safetensors") == "plain/model-retied.safetensors"
+    assert retied_path("linked/model.safetensors", "safetensors") == "./model-retied.safetensors"
+    assert retied_path(str(file.parent) + "/", "hf-dir") == "./tiny-retied"
+    assert retied_path("plain/model.safetensors", "safetensors") == "plain/model-retied.safetensors"
     blob = next((cache / "models--tiny" / "blobs").iterdir())
-    assert retied_path(str(blob)) == f"./{blob.stem}-retied{blob.suffix}"  # a blob named directly
-    assert retied_path(str(cache / "models--tiny" / "snapshots")) == "./snapshots-retied"
+    assert (
+        retied_path(str(blob), "safetensors")
+        == f"./{blob.name.removesuffix('.safetensors')}-retied.safetensors"
+    )  # a blob
+    assert retied_path(str(cache / "models--tiny" / "snapshots"), "hf-dir") == "./snapshots-retied"
     os.chdir(file.parent)  # working inside a snapshot: no folder to suggest
-    assert retied_path("model.safetensors") == "OUT"
+    assert retied_path("model.safetensors", "safetensors") == "OUT"
     assert snapshot_of("model.safetensors") is not None
     assert snapshot_of(str(cache)) is None
     os.chdir(cache.parent)

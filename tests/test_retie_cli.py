@@ -156,3 +156,33 @@ def test_nothing_to_retie_writes_nothing(
     if left:
         assert any(line.strip().startswith("why: ") for line in lines)
     assert _listing(tmp_path) == before  # no OUT, no backup, no stage, IN as it was
+
+
+@pytest.mark.parametrize(
+    ("fixture", "name", "out"),
+    [
+        ("st_cloned_head", "weights", "weights-retied.safetensors"),  # no suffix: the format's is added
+        ("torch_cloned_head", "model.pth.tar", "model-retied.pth.tar"),  # the double suffix kept whole
+        ("hf_llama_cloned_head", "llama-3.2", "llama-3.2-retied"),  # a folder's name is not split at '.'
+    ],
+)
+def test_the_fix_check_suggests_is_a_retie_that_runs(
+    corpus: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], fixture: str, name: str, out: str
+) -> None:
+    """check's fix for a copy is a command retie accepts as written, whatever IN is called."""
+    import json
+    import shlex
+
+    source = tmp_path / name
+    if corpus.path(fixture).is_dir():
+        shutil.copytree(corpus.path(fixture), source)
+    else:
+        shutil.copy(corpus.path(fixture), source)
+    os.chdir(tmp_path)
+    assert main(["check", name, "--jobs", "1", "--format", "json"]) == 1
+    (fix,) = {f["fix"] for f in json.loads(capsys.readouterr().out)["findings"] if f["rule"] == "TIE001"}
+    argv = shlex.split(fix)
+    assert argv[:4] == ["tieaudit", "retie", name, out], fix
+    assert main(argv[1:]) == 0, capsys.readouterr().err
+    assert (tmp_path / out).exists()
+    assert main(["check", out, "--jobs", "1"]) == 0

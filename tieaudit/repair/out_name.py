@@ -12,15 +12,8 @@ import os
 
 from tieaudit.core.errors import UsageError
 from tieaudit.core.records import Format
+from tieaudit.formats.capabilities import FILE_SUFFIXES, OUT_SUFFIXES
 
-OUT_SUFFIXES: dict[Format, tuple[str, ...]] = {
-    "safetensors": (".safetensors",),
-    "torch": (".pt", ".pth", ".bin", ".ckpt", ".tar"),  # .tar: .pth.tar, as check finds it
-    "onnx": (".onnx",),
-}
-"""The suffixes an output file of each format may end in (those check audits it by, case as written)."""
-FILE_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".tar", ".onnx")
-"""Names of checkpoint files: a model folder written under one would pass for a file."""
 _CALLED: dict[Format, str] = {"safetensors": "safetensors", "torch": "PyTorch", "onnx": "ONNX"}
 
 
@@ -40,7 +33,10 @@ def check_out_name(format: Format, out: str, *, force: bool) -> None:
         return
     accepted = OUT_SUFFIXES[format]
     if not name.endswith(accepted):
-        expected = f"one of {', '.join(accepted)}" if len(accepted) > 1 else accepted[0]
+        shown = [
+            s for s in accepted if not any(s != t and s.endswith(t) for t in accepted)
+        ]  # .tar covers .pth.tar
+        expected = f"one of {', '.join(shown)}" if len(shown) > 1 else shown[0]
         raise UsageError(
             f"IN is a {_CALLED[format]} file and OUT is written in the same format: end OUT's name in "
             f"{expected} (or pass --force-format to keep this name)",

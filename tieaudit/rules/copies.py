@@ -6,9 +6,9 @@ import os
 from collections.abc import Iterator
 
 from tieaudit.core.components import Components
-from tieaudit.core.records import Checkpoint
+from tieaudit.core.records import Checkpoint, Format
 from tieaudit.core.units import human_bytes
-from tieaudit.formats.capabilities import DEFAULT_RELATIONS, REPRESENTABLE
+from tieaudit.formats.capabilities import DEFAULT_RELATIONS, REPRESENTABLE, retied_name
 from tieaudit.formats.hf_cache import in_hub_cache, snapshot_of
 from tieaudit.formats.layer_names import layer_template
 from tieaudit.formats.loaders import loader_rule
@@ -16,21 +16,22 @@ from tieaudit.graph.detect import CopyGroup
 from tieaudit.rules.finding import Audited, Finding, Rule
 
 
-def retied_path(path: str) -> str:
-    """Where the suggested retie writes: beside the checkpoint, as NAME-retied; for a checkpoint in
-    a Hugging Face cache, the current folder instead (the cache is huggingface_hub's, and its files
-    are links into shared blobs), or OUT when the current folder is in a cache too."""
+def retied_path(path: str, format: Format) -> str:
+    """Where the suggested retie writes: beside the checkpoint, as NAME-retied with a suffix retie
+    accepts for the format (``formats.capabilities.retied_name``); for a checkpoint in a Hugging Face
+    cache, the current folder instead (the cache is huggingface_hub's, and its files are links into
+    shared blobs), or OUT when the current folder is in a cache too."""
     trimmed = path.rstrip("/") or path
-    stem, ext = os.path.splitext(os.path.basename(trimmed))
-    beside = os.path.join(os.path.dirname(trimmed), f"{stem}-retied{ext}")
+    name = retied_name(os.path.basename(trimmed), format)
+    beside = os.path.join(os.path.dirname(trimmed), name)
     if not in_hub_cache(trimmed) and not in_hub_cache(beside):
         return beside
     if in_hub_cache(os.curdir):
         return "OUT"
     snapshot = snapshot_of(trimmed)
     if snapshot is not None and os.path.realpath(trimmed) == os.path.realpath(snapshot.folder):
-        stem, ext = snapshot.repo_id.rsplit("/", 1)[-1], ""  # the model folder: named by its repository
-    return os.path.join(os.curdir, f"{stem}-retied{ext}")
+        name = retied_name(snapshot.repo_id.rsplit("/", 1)[-1], format)  # the folder: named by its repository
+    return os.path.join(os.curdir, name)
 
 
 def _fix(ckpt: Checkpoint, relations: set[str]) -> str:
@@ -41,7 +42,7 @@ def _fix(ckpt: Checkpoint, relations: set[str]) -> str:
             f"a {ckpt.format} file cannot record a {' or '.join(missing)} copy; "
             "derive it from the wider tensor on load"
         )
-    out = retied_path(ckpt.path)
+    out = retied_path(ckpt.path, ckpt.format)
     extra = sorted(relations - DEFAULT_RELATIONS[ckpt.format])
     option = (
         f" --relations {','.join(sorted(set(DEFAULT_RELATIONS[ckpt.format]) | set(extra)))}" if extra else ""
