@@ -147,3 +147,30 @@ def test_parameters_after_the_third_are_keyword_only() -> None:
                 if len(fields) > 3 and not any("kw_only=True" in ast.unparse(d) for d in node.decorator_list):
                     positional.append(f"{module}.{node.name}: {len(fields)} positional fields")
     assert not positional, "\n".join(positional)
+
+
+def test_every_tieaudit_import_outside_the_package_resolves() -> None:
+    """Scripts, fixtures producers, benchmarks, fuzzers and tests name tieaudit's modules and names
+    as they are: a name moved to another module (as export's logits_only once was) breaks
+    `make fixtures` on a fresh clone before any test runs, so it is found here, by reading."""
+    import importlib
+    import importlib.util
+
+    missing = []
+    for folder in ("fixtures", "scripts", "bench", "fuzz", "tests"):
+        for path in sorted((PACKAGE.parent / folder).rglob("*.py")):
+            if "generated" in path.parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tieaudit")):
+                    continue
+                assert node.module is not None
+                module = importlib.import_module(node.module)
+                where = f"{path.relative_to(PACKAGE.parent)}: from {node.module} import"
+                missing += [
+                    f"{where} {alias.name}"
+                    for alias in node.names
+                    if not hasattr(module, alias.name)
+                    and importlib.util.find_spec(f"{node.module}.{alias.name}") is None
+                ]
+    assert not missing, missing
