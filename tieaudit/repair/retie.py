@@ -69,8 +69,8 @@ class RetieResult:
 
     @property
     def nothing_to_retie(self) -> bool:
-        """The plan applies no copy: nothing is (or would be) written."""
-        return not self.plan.applied
+        """The plan applies no copy, so nothing is (or would be) written (unless write_unchanged)."""
+        return not self.plan.applied and self.written is None
 
 
 def _writer(format: Format) -> Writer:
@@ -125,11 +125,13 @@ def retie(
     min_bytes: int = DEFAULT_MIN_BYTES,
     all_equal: bool = False,
     force_format: bool = False,
+    write_unchanged: bool = False,
 ) -> RetieResult:
     """Turn the copies in source back into ties and write the result to out, verified.
 
     out None: IN itself with in_place (given, it must be IN), nothing with dry_run. OUT's name must
-    fit the format (``out_name``) unless force_format. A plan that re-ties nothing writes nothing.
+    fit the format (``out_name``) unless force_format. A plan that re-ties nothing writes nothing,
+    unless write_unchanged (export: every file it exports is written, re-read and verified the same way).
     By default an equal copy in a safetensors file or model folder is re-tied only where the
     format's loader restores it (``repair.loaders``); all_equal re-ties every equal copy, and the
     plan carries each consequence.
@@ -147,6 +149,7 @@ def retie(
             all_equal=all_equal,
             named=named,
             force_format=force_format,
+            write_unchanged=write_unchanged,
         )
         return _retie(source, target, paths, request=options)
     except TieauditError as exc:
@@ -171,6 +174,8 @@ class _Request:
     """OUT as given, when its name must fit the input's format (not with --in-place)."""
     force_format: bool
     """Accept OUT's name whatever its suffix."""
+    write_unchanged: bool = False
+    """Write OUT even when the plan re-ties nothing."""
 
 
 def _retie(source: str, out: str, paths: RetiePaths | None, *, request: _Request) -> RetieResult:
@@ -191,7 +196,7 @@ def _retie(source: str, out: str, paths: RetiePaths | None, *, request: _Request
         root = os.path.dirname(os.path.abspath(ckpt.path))
         single = not os.path.isdir(ckpt.path) and ckpt.files
         input_bytes = sum(_size(os.path.join(root, f)) for f in ckpt.files) if single else _size(ckpt.path)
-        if paths is None or not plan.applied:  # a dry run, or nothing to re-tie: nothing written
+        if paths is None or not (plan.applied or request.write_unchanged):  # dry run, or nothing to re-tie
             return RetieResult(
                 plan=plan,
                 written=None,

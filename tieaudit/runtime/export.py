@@ -224,7 +224,7 @@ def _export_file(
 
     os.mkdir(os.path.dirname(raw))
     _torch_export(part, raw, opset)
-    plan = retie(raw, staged, relations=frozenset(ALL_RELATIONS)).plan
+    plan = retie(raw, staged, relations=frozenset(ALL_RELATIONS), write_unchanged=True).plan
     shutil.rmtree(os.path.dirname(raw))
     param_bytes, total, stored_ids, remaining = _stored(staged, parameter_names((part,)))
     max_diff = _parity(part, staged, _torch_outputs(part))
