@@ -14,12 +14,8 @@ import pytest
 import torch
 from onnx import numpy_helper
 
-from tieaudit.cli.main import cli, main
-from tieaudit.cli.onnx import export, runtime
+from tieaudit.cli.main import main
 from tieaudit.runtime.export import export_model
-
-for command in (runtime, export):  # until cli.py registers them; add_command replaces by name
-    cli.add_command(command)
 
 FACTORIES = textwrap.dedent(
     '''

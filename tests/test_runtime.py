@@ -22,8 +22,7 @@ import pytest
 from conftest import Corpus
 from onnx import TensorProto, helper, numpy_helper
 
-from tieaudit.cli.main import cli, main
-from tieaudit.cli.onnx import export, runtime
+from tieaudit.cli.main import main
 from tieaudit.formats import open_checkpoint
 from tieaudit.formats.onnx_model import load_model
 from tieaudit.report.json_report import finding_dict
@@ -31,9 +30,6 @@ from tieaudit.rules.registry import RULES
 from tieaudit.runtime.graph import input_specs
 from tieaudit.runtime.measure import measure_runtime, runtime_findings
 from tieaudit.runtime.probe import CONFIGS, CRASH_ENV, SLEEP_ENV
-
-for command in (runtime, export):  # until cli.py registers them; add_command replaces by name
-    cli.add_command(command)
 
 VOCAB, HIDDEN = 256, 32
 EMBEDDING = np.random.default_rng(0).standard_normal((VOCAB, HIDDEN)).astype(np.float32)

@@ -69,8 +69,10 @@ class TieauditGroup(click.Group):
     the whole help printed as an error."""
 
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
-        """Register cmd with the group's global options added to it."""
-        cmd.params.append(debug_option())
+        """Register cmd with the group's global options added to it (once, however often it is
+        registered: a command object may be added again, by a test or a reload)."""
+        if not any(param.name == "debug" for param in cmd.params):
+            cmd.params.append(debug_option())
         super().add_command(cmd, name)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
