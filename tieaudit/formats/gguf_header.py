@@ -178,11 +178,13 @@ def _skip_array(cursor: _Cursor, what: str, depth: int) -> int:
 def _read_values(cursor: _Cursor, count: int) -> tuple[dict[str, object], dict[str, int]]:
     values: dict[str, object] = {}
     lengths: dict[str, int] = {}
+    keys: set[str] = set()
     for index in range(count):
         key = cursor.name(f"key {index}")
         what = f"the value of {quoted(key)}"
-        if key in values or key in lengths:
+        if key in keys:
             raise InputError(f"key {quoted(key)} appears twice (readers differ on which counts)", cursor.path)
+        keys.add(key)
         code = _value_type(cursor, what)
         wanted = key in _READ_VALUES or key.endswith(".vocab_size")
         if code == GGUFValueType.ARRAY:

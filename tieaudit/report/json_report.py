@@ -135,7 +135,9 @@ def report_dict(audit: Audit) -> dict[str, Any]:
             "head": facts.head,
             "loader": facts.loader,
             "llama_cpp": facts.llama_cpp,
-            "pair": {name: {"ggml_type": kind, "shape": list(shape)} for name, (kind, shape) in facts.pair.items()},
+            "pair": {
+                name: {"ggml_type": kind, "shape": list(shape)} for name, (kind, shape) in facts.pair.items()
+            },
         }
     if ckpt.aliases:
         report["aliases"] = dict(ckpt.aliases)
