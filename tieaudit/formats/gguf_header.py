@@ -146,7 +146,7 @@ def _value_type(cursor: _Cursor, what: str) -> int:
     return code
 
 
-def _skip(cursor: _Cursor, code: int, what: str, depth: int) -> None:
+def _skip(cursor: _Cursor, code: int, what: str, *, depth: int) -> None:
     """Step over one value of type code."""
     if code in _SCALARS:
         cursor.need(struct.calcsize(_SCALARS[code]), what)
@@ -171,7 +171,7 @@ def _skip_array(cursor: _Cursor, what: str, depth: int) -> int:
     least = 8 if code == GGUFValueType.STRING else 12  # a string's length; an array's type and length
     cursor.need(count * least, f"{what} ({count} elements)")  # bounds the loop by the file's size
     for _ in range(count):
-        _skip(cursor, code, what, depth)
+        _skip(cursor, code, what, depth=depth)
     return count
 
 
@@ -196,7 +196,7 @@ def _read_values(cursor: _Cursor, count: int) -> tuple[dict[str, object], dict[s
         elif wanted and code == GGUFValueType.STRING:
             values[key] = cursor.string(what, MAX_GGUF_VALUE_BYTES)
         else:
-            _skip(cursor, code, what, 0)
+            _skip(cursor, code, what, depth=0)
     return values, lengths
 
 
