@@ -33,6 +33,7 @@ from tieaudit.formats.gguf_heads import head_table
 VOCAB, WIDTH = 96, 64
 """Rows (the vocabulary) and row length: not square, so the orientation shows."""
 GUARD = Path(__file__).resolve().parent / "guarded_cli.py"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def embedding_values() -> np.ndarray:
@@ -314,3 +315,51 @@ def test_retie_refuses_gguf_in_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     code, out, err = cli(["retie", str(path), str(tmp_path / "out.gguf")], capsys)
     assert code == 2 and out == "" and err.count("\n") == 1
     assert "retie does not write GGUF" in err and not (tmp_path / "out.gguf").exists()
+
+
+def test_the_generator_classifies_llama_cpps_loaders(tmp_path: Path) -> None:
+    """scripts/gen_gguf_heads.py on a source tree in llama.cpp's layout, one loader of each kind."""
+    src = tmp_path / "src"
+    (src / "models").mkdir(parents=True)
+    (src / "llama-arch.cpp").write_text(
+        "".join(f'    {{ LLM_ARCH_{n.upper()}, "{n}" }},\n' for n in ("a", "b", "c", "d", "e"))
+    )
+    (src / "llama-model.cpp").write_text(
+        "switch (arch) {\n"
+        + "".join(
+            f"    case LLM_ARCH_{n.upper()}:\n        return new llama_model_{n}(params);\n" for n in "abc"
+        )
+        + "    case LLM_ARCH_D:\n    case LLM_ARCH_E:\n        return new llama_model_d(params);\n}\n"
+    )
+    (src / "models" / "models.h").write_text("struct llama_model_d : public llama_model_a {\n};\n")
+    head = 'create_tensor(tn(LLM_TENSOR_OUTPUT, "weight"), {n_embd, n_vocab}, FLAG);'
+    fallback = (
+        'output = create_tensor(tn(LLM_TENSOR_TOKEN_EMBD, "weight"), {n_embd, n_vocab}, TENSOR_DUPLICATED);'
+    )
+    bodies = {
+        "a": f"output = {head.replace('FLAG', 'TENSOR_NOT_REQUIRED')}\n if (output == NULL) {{ {fallback} }}",
+        "b": f"output = {head.replace('FLAG', '0')}",
+        "c": fallback,
+    }
+    (src / "models" / "all.cpp").write_text(
+        "".join(
+            f"void llama_model_{n}::load_arch_tensors(llama_model_loader &) {{\n    {body}\n    {{ }}\n}}\n"
+            for n, body in bodies.items()
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gen_gguf_heads.py"), str(src), "--version", "abc123"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    table = json.loads(done.stdout)
+    assert table["llama_cpp"] == "abc123"
+    # d has no loader of its own: it reuses a's (models.h), for both architectures it serves
+    assert table["heads"] == {
+        "a": "falls-back",
+        "b": "required",
+        "c": "embedding",
+        "d": "falls-back",
+        "e": "falls-back",
+    }
