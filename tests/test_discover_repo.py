@@ -6,7 +6,8 @@ The repository is built once from real producers: ``save_pretrained`` of a tied 
 ``onnx/model.onnx`` exported from it by the TorchScript exporter (which stores a transposed copy of
 the embedding) with its external data, a ``model.fp16.safetensors`` variant whose head is a clone
 (``safetensors.torch.save_file``), a Lightning-style ``last.ckpt`` and a ``model_best.pth.tar``
-(``torch.save``), a GGUF file, a Git LFS pointer, a README and a ``.gitattributes``. Every command
+(``torch.save``), a tied GGUF file (``gguf.GGUFWriter``, no ``output.weight``), a Git LFS pointer,
+a README and a ``.gitattributes``. Every command
 runs through the real CLI.
 """
 
@@ -37,7 +38,6 @@ from tieaudit.gate.discover import discover
 VOCAB, WIDTH = 100, 32
 LFS_TEXT = f"version https://git-lfs.github.com/spec/v1\noid sha256:{'ab' * 32}\nsize 123456\n"
 LFS = "Git LFS pointer, not the weights: run `git lfs pull`"
-GGUF = "GGUF: recognised, not supported yet"
 
 
 def tiny_gpt2() -> Any:
@@ -73,6 +73,19 @@ def export_onnx(model: Any, path: Path, location: str) -> None:
     onnx.save_model(proto, str(path), save_as_external_data=True, location=location, size_threshold=0)
 
 
+def write_tied_gguf(path: Path, embedding: np.ndarray) -> None:
+    """A GPT-2 GGUF as llama.cpp's converter writes a tied model: no output.weight."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "gpt2")
+    writer.add_vocab_size(VOCAB)
+    writer.add_tensor("token_embd.weight", embedding)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import torch
@@ -87,7 +100,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     export_onnx(model, root / "onnx" / "model.onnx", "model.onnx_data")
     torch.save({"state_dict": model.state_dict(), "epoch": 3, "global_step": 30}, root / "last.ckpt")
     torch.save(model.state_dict(), root / "model_best.pth.tar")
-    (root / "model.gguf").write_bytes(b"GGUF" + (3).to_bytes(4, "little") + bytes(24))
+    write_tied_gguf(root / "model.gguf", state["transformer.wte.weight"].numpy())
     (root / "model.bf16.safetensors").write_text(LFS_TEXT)  # a variant never pulled
     (root / "README.md").write_text("# tiny\n")
     (root / ".gitattributes").write_text("*.safetensors filter=lfs diff=lfs merge=lfs -text\n")
@@ -127,6 +140,7 @@ def test_check_audits_the_onnx_export_and_the_variant_beside_the_model(
         "repo": [],
         "repo/last.ckpt": [],
         "repo/model.fp16.safetensors": [("TIE001", ["lm_head.weight", "transformer.wte.weight"], "equal")],
+        "repo/model.gguf": [],
         "repo/model_best.pth.tar": [],
         "repo/onnx/model.onnx": [
             (
@@ -153,14 +167,15 @@ def test_the_closing_line_counts_skipped_files_by_reason(
         "ok   repo",
         "ok   repo/last.ckpt",
         "FAIL repo/model.fp16.safetensors",
+        "ok   repo/model.gguf",
         "ok   repo/model_best.pth.tar",
         "FAIL repo/onnx/model.onnx",
     ]
     assert "ok   repo  (hf-dir, 16 tensors, 64.4 KiB; covers config.json, model.safetensors)" in out
     assert "; covers model.onnx_data)" in out  # the ONNX line names its external data
     assert err.splitlines() == [
-        "tieaudit: 5 checkpoints, 2 failing, 0 errors, 18.8 KiB wasted; 5 files skipped "
-        f"(2 not a checkpoint format; 1 {GGUF}; 1 {LFS}; 1 hidden (its name starts with '.'))"
+        "tieaudit: 6 checkpoints, 2 failing, 0 errors, 18.8 KiB wasted; 4 files skipped "
+        f"(2 not a checkpoint format; 1 {LFS}; 1 hidden (its name starts with '.'))"
     ]
 
 
@@ -172,7 +187,7 @@ EXPECTED_FILES = [
     ("repo/last.ckpt", "audited", None, "repo/last.ckpt"),
     ("repo/model.bf16.safetensors", "skipped", LFS, None),
     ("repo/model.fp16.safetensors", "audited", None, "repo/model.fp16.safetensors"),
-    ("repo/model.gguf", "skipped", GGUF, None),
+    ("repo/model.gguf", "audited", None, "repo/model.gguf"),
     ("repo/model.safetensors", "covered", "read with the model folder repo", "repo"),
     ("repo/model_best.pth.tar", "audited", None, "repo/model_best.pth.tar"),
     ("repo/onnx/model.onnx", "audited", None, "repo/onnx/model.onnx"),
@@ -195,7 +210,7 @@ def test_show_files_lists_every_file_with_its_verdict(
     code, out, _ = cli(["check", "repo", "--jobs", "1", "--show-files"], capsys)
     assert code == 1
     listing = out.split("\nfiles: ", 1)[1].splitlines()
-    assert listing[0] == "4 audited, 3 covered, 5 skipped, 0 errors"
+    assert listing[0] == "5 audited, 3 covered, 4 skipped, 0 errors"
     expected = [
         f"{verdict:<8} {path}" + (f"  ({reason})" if reason and verdict != "audited" else "")
         for path, verdict, reason, _ in EXPECTED_FILES
@@ -281,7 +296,7 @@ def test_inspect_of_the_model_folder_says_what_else_check_audits(
     code, out, err = cli(["inspect", "repo"], capsys)
     assert code == 0
     assert out.startswith("repo  format hf-dir  16 tensors")
-    assert err == "tieaudit: 4 other checkpoints in repo are audited by `tieaudit check repo`\n"
+    assert err == "tieaudit: 5 other checkpoints in repo are audited by `tieaudit check repo`\n"
 
 
 # --- messages -----------------------------------------------------------------------------------
@@ -299,9 +314,16 @@ def test_an_lfs_pointer_named_is_one_line_and_exit_2(repo: Path, command: str) -
     assert done.stderr == f"tieaudit: error: repo/model.bf16.safetensors: {LFS}\n"
 
 
-def test_a_gguf_file_named_is_named_as_gguf(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = cli(["check", str(repo / "model.gguf")], capsys)
-    assert code == 2 and err == f"tieaudit: error: {repo / 'model.gguf'}: {GGUF}\n"
+def test_a_tied_gguf_file_is_audited_with_the_loaders_tie(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = cli(["inspect", str(repo / "model.gguf"), "--format", "json"], capsys)
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["findings"] == [] and report["gguf"]["head"] == "falls-back"
+    assert [(t["target"], t["source"], t["declared_by"]) for t in report["declared_ties"]] == [
+        ("output.weight", "token_embd.weight", "loader")
+    ]
 
 
 def test_a_folder_of_lfs_pointers_is_nothing_scanned_and_says_why(

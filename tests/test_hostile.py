@@ -41,7 +41,7 @@ TIMEOUT = 60.0
 TIME_BUDGET = 20.0
 """What a run may take at most, on a loaded two-core machine (the slowest takes about 2 s alone)."""
 COMMANDS = ("inspect", "check")
-FORMATS = ("safetensors", "torch_file", "onnx_model", "hf_dir")
+FORMATS = ("safetensors", "torch_file", "onnx_model", "hf_dir", "gguf")
 _PR_CAPBSET_DROP = 24
 _CAP_DAC_OVERRIDE, _CAP_DAC_READ_SEARCH = 1, 2
 _CAPABILITY_VERSION_3 = 0x20080522

@@ -45,6 +45,18 @@ FLOATS = frozenset(
     }
 )
 
+GGML_BLOCK_TYPES = frozenset(
+    {
+        "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K",
+        "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "IQ1_M",
+        "TQ1_0", "TQ2_0", "MXFP4", "NVFP4", "Q1_0",
+    }
+)  # fmt: skip
+"""GGML's block-quantized types (``gguf.GGMLQuantizationType``, block size above 1): no numpy dtype
+holds them, and tieaudit never dequantizes. A GGUF tensor of one is recorded under the type's name
+as raw bytes: itemsize 1, shape (rows..., bytes per row), compared byte for byte with a tensor of
+the same type and never cast or transposed (tests/test_gguf.py holds the list against gguf's)."""
+
 _ML_DTYPES = {
     "bfloat16",
     "float8_e4m3fn",
@@ -55,13 +67,16 @@ _ML_DTYPES = {
 
 
 def itemsize(dtype: str) -> int:
-    """Bytes per element of a canonical dtype name."""
-    return ITEMSIZE[dtype]
+    """Bytes per element of a canonical dtype name (1 for a GGML block type: its raw bytes)."""
+    return 1 if dtype in GGML_BLOCK_TYPES else ITEMSIZE[dtype]
 
 
 @cache
 def to_numpy(dtype: str) -> np.dtype[np.generic]:
-    """numpy dtype for a canonical name (ml_dtypes for bfloat16 and float8)."""
+    """numpy dtype for a canonical name (ml_dtypes for bfloat16 and float8; bytes for a GGML block
+    type)."""
+    if dtype in GGML_BLOCK_TYPES:
+        return np.dtype("u1")
     if dtype in _ML_DTYPES:
         import ml_dtypes
 

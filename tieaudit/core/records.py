@@ -17,8 +17,8 @@ from tieaudit.core.escape import quoted
 from tieaudit.core.limits import NPY_INTP_MAX, bounded_product, shown_dims
 from tieaudit.core.training import TrainingLayout
 
-Format = Literal["torch", "safetensors", "onnx", "hf-dir"]
-DeclaredBy = Literal["config", "metadata", "index", "policy"]
+Format = Literal["torch", "safetensors", "onnx", "hf-dir", "gguf"]
+DeclaredBy = Literal["config", "metadata", "index", "policy", "loader"]
 ConsumerRole = Literal["embedding", "head", "alias", "other"]
 
 
@@ -102,7 +102,8 @@ class DeclaredTie:
     kept: str
     """The name that holds the parameter (usually the input embedding; transformers' tie source)."""
     declared_by: DeclaredBy
-    """Who says so: config.json, safetensors metadata, the shard index, or the policy."""
+    """Who says so: config.json, safetensors metadata, the shard index, the policy, or the loader
+    (llama.cpp's, for a GGUF file without ``output.weight``: ``formats.gguf_heads``)."""
     where: str
     """The file (and key) where the declaration was found."""
     relation: str = "equal"
@@ -203,6 +204,31 @@ class ModelConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class GgufFacts:
+    """What a GGUF file says of its model, and what llama.cpp's loader does with its head."""
+
+    version: int
+    """GGUF version (2 or 3)."""
+    architecture: str
+    """``general.architecture`` (empty when absent)."""
+    head: str
+    """This file's head: ``stored`` (``output.weight`` is in the file), else the loader's policy
+    for it (``loader``), or ``none`` when neither head nor embedding is stored."""
+    loader: str
+    """llama.cpp's loader for the architecture without ``output.weight``: ``falls-back`` (uses
+    ``token_embd.weight``), ``required`` (does not load), ``embedding`` (always the embedding),
+    ``optional`` (no head), ``none`` (the loader makes no head), ``conditional`` (hyperparameters
+    decide), ``unknown`` (not in the table: formats/gguf_heads.json)."""
+    llama_cpp: str
+    """The llama.cpp commit the loader table was read from."""
+    tokenizer: str | None
+    """``tokenizer.ggml.model`` (gpt2, llama, ...)."""
+    pair: Mapping[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
+    """``token_embd.weight`` and ``output.weight``, where stored: GGML type and shape in elements
+    (numpy order; a block type's TensorInfo shape counts bytes per row instead)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Checkpoint:
     """Everything a reader found: metadata only (the bytes: ``OpenCheckpoint``)."""
 
@@ -232,6 +258,8 @@ class Checkpoint:
     """Every global the pickles read name, with its verdict (torch files)."""
     training: TrainingLayout | None = None
     """A training checkpoint's model part and optimizer states (None: not a training checkpoint)."""
+    gguf: GgufFacts | None = None
+    """A GGUF file's architecture, tokenizer and head policy (None: not GGUF)."""
 
     @cached_property
     def _by_name(self) -> dict[str, TensorInfo]:

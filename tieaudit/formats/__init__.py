@@ -18,6 +18,7 @@ _FILE_READERS = (
     ("tieaudit.formats.safetensors", "SafetensorsReader"),
     ("tieaudit.formats.torch_file", "TorchReader"),
     ("tieaudit.formats.onnx_model", "OnnxReader"),
+    ("tieaudit.formats.gguf", "GgufReader"),
 )
 _FOLDER_READERS = (("tieaudit.formats.hf_reader", "HfDirReader"),)
 
@@ -42,7 +43,7 @@ def open_checkpoint(path: str) -> OpenCheckpoint:
     if not os.path.isdir(path):
         if not head:
             raise InputError("file is empty", path)
-        refuse_head(path, head, size)  # an LFS pointer, GGUF, ...: named, before any reader tries
+        refuse_head(path, head, size)  # an LFS pointer, NumPy, ...: named, before any reader tries
     for reader in _readers(os.path.isdir(path)):
         if reader.sniff(path, head):
             return reader.read(path)
@@ -56,7 +57,7 @@ def open_checkpoint(path: str) -> OpenCheckpoint:
             models=models,
         )
     raise UnsupportedFormatError(
-        "not a checkpoint tieaudit reads (PyTorch .pt/.pth/.bin, safetensors, ONNX, "
+        "not a checkpoint tieaudit reads (PyTorch .pt/.pth/.bin, safetensors, ONNX, GGUF, "
         "or a Hugging Face model folder)",
         path,
     )

@@ -15,12 +15,14 @@ DEFAULT_RELATIONS: dict[Format, frozenset[str]] = {
     "hf-dir": frozenset({"equal"}),
     "torch": frozenset({"equal", "transposed"}),
     "onnx": frozenset({"equal", "transposed"}),
+    "gguf": frozenset({"equal"}),
 }
 REPRESENTABLE: dict[Format, frozenset[str]] = {
     "safetensors": ALL_RELATIONS,
     "hf-dir": ALL_RELATIONS,
     "torch": frozenset({"equal", "transposed"}),
     "onnx": ALL_RELATIONS,
+    "gguf": frozenset({"equal"}),
 }
 WHY_NOT_DEFAULT = {
     "transposed": "a transposed copy in safetensors is restored only by tieaudit.load_tied "
@@ -33,10 +35,11 @@ OUT_SUFFIXES: dict[Format, tuple[str, ...]] = {
     "safetensors": (".safetensors",),
     "torch": (".pt", ".pth", ".bin", ".ckpt", ".pth.tar", ".tar"),  # .tar: .pth.tar, as check finds it
     "onnx": (".onnx",),
+    "gguf": (".gguf",),
 }
 """The suffixes a file of each format may be written under (those check audits it by), the usual
 first: retie's OUT must end in one, and a suggested OUT keeps the input's or takes the first."""
-FILE_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".tar", ".onnx")
+FILE_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin", ".ckpt", ".tar", ".onnx", ".gguf")
 """Names of checkpoint files: a model folder written under one would pass for a file."""
 
 

@@ -2,7 +2,7 @@
 
 Readers check more (``Reader.sniff``); this is for callers that must not read further, such as
 discovery telling a PyTorch ``.bin`` from raw bytes (ONNX external data) without opening it twice,
-and for the formats tieaudit recognises but does not read (GGUF, NumPy, HDF5, ...): a file of one
+and for the formats tieaudit recognises but does not read (NumPy, HDF5, ...): a file of one
 of them is named as such, never called "not a checkpoint". A Git LFS pointer (a small text file
 standing where the weights should be) is recognised here, once, for every reader: ``refuse_head``
 runs before any reader sees a file, a shard of a model folder included.
@@ -19,6 +19,7 @@ __all__ = [
     "LFS_POINTER",
     "MAX_LFS_POINTER_BYTES",
     "PICKLE_PROTO",
+    "GGUF_MAGIC",
     "ZIP_MAGIC",
     "is_lfs_pointer",
     "might_be_torch",
@@ -33,6 +34,8 @@ PICKLE_PROTO = 0x80
 """The PROTO opcode: a pickle of protocol 2 or later starts with it (torch's legacy format). A zip
 (ZIP_MAGIC, a local file header) is torch.save's format since torch 1.6."""
 
+GGUF_MAGIC = b"GGUF"
+"""A GGUF file (llama.cpp) starts with it."""
 LFS_POINTER = "Git LFS pointer, not the weights: run `git lfs pull`"
 """What a Git LFS pointer is called wherever it is met (an error, or a skip reason)."""
 MAX_LFS_POINTER_BYTES = 1024
@@ -42,7 +45,6 @@ _LFS_PREFIXES = (b"version https://git-lfs.github.com/spec/", b"version https://
 """The first line of a pointer file (the second: the spec's name before Git LFS 1.0)."""
 
 _BY_MAGIC = (
-    (b"GGUF", "GGUF"),
     (b"\x93NUMPY", "NumPy .npy array"),
     (b"\x89HDF\r\n\x1a\n", "HDF5 (TensorFlow/Keras .h5)"),
 )

@@ -27,7 +27,7 @@ from tieaudit.formats.hf_cache import CacheSnapshot, cached_argument
 from tieaudit.formats.hf_covered import covered_files
 from tieaudit.formats.hf_dir import SAFE_INDEX, TORCH_INDEX, TORCH_SINGLE, hub_blobs
 from tieaudit.formats.hf_ties import CONFIG
-from tieaudit.formats.magic import is_lfs_pointer, might_be_torch, read_head
+from tieaudit.formats.magic import GGUF_MAGIC, is_lfs_pointer, might_be_torch, read_head
 from tieaudit.gate.files import (
     EXCLUDED,
     HIDDEN,
@@ -53,7 +53,7 @@ __all__ = [
     "posix_relative",
 ]
 
-CHECKPOINT_SUFFIXES = (".pt", ".pth", ".safetensors", ".onnx")
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".safetensors", ".onnx", ".gguf")
 """Audited by name (unless a Git LFS pointer): the audit says what is wrong with one that is not
 what its name says."""
 TORCH_SUFFIXES = (".bin", ".ckpt", ".tar")
@@ -247,6 +247,8 @@ class _Walk:
             if named:
                 return True
             head = b""
+        if head.startswith(GGUF_MAGIC):  # a GGUF file under any name
+            return True
         if named and not is_lfs_pointer(head, status.st_size):
             if entry.name.endswith(CHECKPOINT_SUFFIXES) or might_be_torch(head):
                 return True

@@ -72,7 +72,7 @@ class FileVerdict:
 
 def skip_reason(head: bytes, name: str, size: int) -> str:
     """Why a file that is not a checkpoint is skipped, from its first bytes (``head``), name and
-    size: a Git LFS pointer, a format tieaudit recognises and does not read (GGUF, NumPy, HDF5,
+    size: a Git LFS pointer, a format tieaudit recognises and does not read (NumPy, HDF5,
     ...), or not a checkpoint format."""
     if is_lfs_pointer(head, size):
         return LFS_POINTER

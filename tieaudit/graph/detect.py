@@ -16,7 +16,7 @@ from typing import Literal
 import numpy as np
 
 from tieaudit.core.bytestore import OpenCheckpoint
-from tieaudit.core.dtypes import FLOATS, itemsize, to_numpy
+from tieaudit.core.dtypes import FLOATS, GGML_BLOCK_TYPES, itemsize, to_numpy
 from tieaudit.core.records import Checkpoint, TensorInfo
 from tieaudit.graph import DEFAULT_MIN_BYTES
 from tieaudit.graph.compare import (
@@ -190,7 +190,9 @@ class _Search:
         return chosen
 
     def transposed(self, bucket: list[TensorInfo]) -> None:
-        matrices = [t for t in self.representatives(bucket) if len(t.shape) == 2]
+        matrices = [  # a GGML block type's rows are blocks: its transpose is no matrix's
+            t for t in self.representatives(bucket) if len(t.shape) == 2 and t.dtype not in GGML_BLOCK_TYPES
+        ]
         by_print: dict[tuple[object, ...], list[TensorInfo]] = defaultdict(list)
         for tensor in matrices:
             by_print[(tensor.dtype, tensor.shape, self.fingerprint(tensor))].append(tensor)

@@ -14,7 +14,12 @@ from tieaudit.core.errors import UsageError
 from tieaudit.core.records import Format
 from tieaudit.formats.capabilities import FILE_SUFFIXES, OUT_SUFFIXES
 
-_CALLED: dict[Format, str] = {"safetensors": "safetensors", "torch": "PyTorch", "onnx": "ONNX"}
+_CALLED: dict[Format, str] = {
+    "safetensors": "safetensors",
+    "torch": "PyTorch",
+    "onnx": "ONNX",
+    "gguf": "GGUF",
+}
 
 
 def check_out_name(format: Format, out: str, *, force: bool) -> None:

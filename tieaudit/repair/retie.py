@@ -17,11 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tieaudit.core.bytestore import OpenCheckpoint
-from tieaudit.core.errors import OutputError, TieauditError, UsageError
+from tieaudit.core.errors import OutputError, TieauditError, UnsupportedFormatError, UsageError
 from tieaudit.core.fsops import fsync_path
 from tieaudit.core.interrupts import SignalGuard, signals_guarded, worker_pool
 from tieaudit.core.records import Format
 from tieaudit.formats import open_checkpoint
+from tieaudit.formats.gguf_heads import RECONVERT
 from tieaudit.graph import DEFAULT_MIN_BYTES
 from tieaudit.graph.alias import build_graph
 from tieaudit.repair.interface import Writer
@@ -181,6 +182,8 @@ class _Request:
 def _retie(source: str, out: str, paths: RetiePaths | None, *, request: _Request) -> RetieResult:
     with open_checkpoint(source if paths is None else paths.source.path) as opened:
         ckpt = opened.checkpoint
+        if ckpt.format == "gguf":
+            raise UnsupportedFormatError(f"retie does not write GGUF; {RECONVERT}", source)
         if request.named is not None:  # before planning, which may read every byte
             check_out_name(ckpt.format, request.named, force=request.force_format)
         made = make_plan(

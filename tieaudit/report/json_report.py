@@ -126,6 +126,19 @@ def report_dict(audit: Audit) -> dict[str, Any]:
             }
             for tie in audit.graph.consumer_ties
         ]
+    if ckpt.gguf is not None:
+        facts = ckpt.gguf
+        report["gguf"] = {
+            "version": facts.version,
+            "architecture": facts.architecture,
+            "tokenizer": facts.tokenizer,
+            "head": facts.head,
+            "loader": facts.loader,
+            "llama_cpp": facts.llama_cpp,
+            "pair": {
+                name: {"ggml_type": kind, "shape": list(shape)} for name, (kind, shape) in facts.pair.items()
+            },
+        }
     if ckpt.aliases:
         report["aliases"] = dict(ckpt.aliases)
     training = training_dict(audit.graph)

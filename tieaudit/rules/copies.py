@@ -9,11 +9,13 @@ from tieaudit.core.components import Components
 from tieaudit.core.records import Checkpoint, Format
 from tieaudit.core.units import human_bytes
 from tieaudit.formats.capabilities import DEFAULT_RELATIONS, REPRESENTABLE, retied_name
+from tieaudit.formats.gguf_heads import RECONVERT
 from tieaudit.formats.hf_cache import in_hub_cache, snapshot_of
 from tieaudit.formats.layer_names import layer_template
 from tieaudit.formats.loaders import loader_rule
 from tieaudit.graph.detect import CopyGroup
 from tieaudit.rules.finding import Audited, Finding, Rule
+from tieaudit.rules.gguf_head import quantized_findings
 
 
 def retied_path(path: str, format: Format) -> str:
@@ -36,6 +38,8 @@ def retied_path(path: str, format: Format) -> str:
 
 def _fix(ckpt: Checkpoint, relations: set[str]) -> str:
     """The retie command for these copies, with --relations only where the format needs it."""
+    if ckpt.format == "gguf":
+        return RECONVERT
     missing = sorted(relations - REPRESENTABLE[ckpt.format])
     if missing:
         return (
@@ -117,6 +121,7 @@ def copy_findings(audited: Audited) -> Iterator[Finding]:
             fix=fix,
             details={"kept": group.kept, "relations": {m.name: m.relation for m in group.members}},
         )
+    yield from quantized_findings(audited, UNTIED_COPY)
 
 
 UNTIED_COPY = Rule(

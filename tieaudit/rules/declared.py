@@ -10,6 +10,7 @@ from tieaudit.core.records import TensorInfo
 from tieaudit.graph.alias import TieState
 from tieaudit.graph.compare import BlockComparer, difference, equal_bytes
 from tieaudit.rules.finding import Audited, Finding, Rule
+from tieaudit.rules.gguf_head import missing_head_findings
 
 
 def _tie_where(state: TieState) -> str:
@@ -31,7 +32,8 @@ def _orphaned(state: TieState) -> bool:
 
 
 def orphan_findings(audited: Audited) -> Iterator[Finding]:
-    """TIE003: a declared tie whose target alone is stored."""
+    """TIE003: a declared tie whose target alone is stored; a GGUF head its loader needs, missing."""
+    yield from missing_head_findings(audited, ORPHAN)
     for state in filter(_orphaned, _unique_ties(audited)):
         yield ORPHAN.finding(
             (state.tie.dropped, state.tie.kept),
