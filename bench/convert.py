@@ -7,7 +7,8 @@ The torch approach is what the safetensors project's convert.py does for one `.b
 Inputs, generated (nothing downloaded):
 - a Llama-shaped `pytorch_model.bin` of about 2.1 GB (bf16, TinyLlama widths) whose `lm_head` is
   the embedding tensor itself (a tied head, as `save_pretrained(safe_serialization=False)` writes);
-- a tiny mT5 and a tiny RoBERTa masked LM, `save_pretrained(safe_serialization=False)`.
+- a tiny mT5 and a tiny RoBERTa masked LM, as `save_pretrained(safe_serialization=False)` of
+  transformers 4.x wrote them (`torch.save` of the state dict; transformers 5 writes safetensors).
 
 For each: wall time, peak RSS (GNU time, or wait4), output size; for the tiny models, whether
 `from_pretrained` of every class of the family loads every weight from the converted folder (no
@@ -137,7 +138,7 @@ torch.save(state, sys.argv[1])
 
 def tiny_folder(kind: str, folder: str) -> str:
     """A tiny random-init model of the family, saved as pytorch_model.bin (cached)."""
-    if os.path.exists(os.path.join(folder, "config.json")):
+    if os.path.exists(os.path.join(folder, "pytorch_model.bin")):
         return folder
     script = r"""
 import sys, torch, transformers
@@ -151,7 +152,10 @@ else:
     config = transformers.RobertaConfig(vocab_size=128, hidden_size=32, num_hidden_layers=2,
                                         num_attention_heads=4, intermediate_size=64)
     model = transformers.RobertaForMaskedLM(config)
-model.save_pretrained(folder, safe_serialization=False)
+# transformers 5 writes safetensors whatever safe_serialization says: write the .bin as 4.x did,
+# torch.save of the state dict, tied names sharing one storage
+model.config.save_pretrained(folder)
+torch.save(model.state_dict(), folder + "/pytorch_model.bin")
 """
     subprocess.run([python(), "-c", script, kind, folder], check=True)
     return folder
