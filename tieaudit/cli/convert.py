@@ -1,0 +1,49 @@
+"""The ``convert`` command: a torch checkpoint to safetensors (registered on the main group)."""
+
+from __future__ import annotations
+
+import click
+
+from tieaudit.cli.common import user_errors
+
+
+@click.command()
+@click.argument("source", metavar="IN", type=click.Path())
+@click.argument("out", metavar="OUT", type=click.Path(), required=False)
+@click.option("--dry-run", is_flag=True, help="Print the plan (names kept, dropped, bytes); write nothing.")
+@user_errors
+def convert(source: str, out: str | None, dry_run: bool) -> None:
+    """Convert a .pt/.bin file, or a model folder of pytorch_model*.bin, to safetensors.
+
+    \b
+    No code in the pickle runs and torch is not needed: tieaudit's own reader reads it
+    (a pickle naming globals torch.load(weights_only=True) refuses is refused, exit 2),
+    and each tensor's bytes are copied from the mapped input one tensor at a time.
+    - Names viewing one storage the same way become one stored tensor plus a
+      {dropped: kept} record. In a folder the kept name is one every class of the
+      config's model type loads (the tie table: T5EncoderModel and
+      T5ForConditionalGeneration both find shared.weight; RoBERTa's masked-LM head is
+      tied again); a name the class does not tie is stored as its own copy. A single
+      file has no config: the input-embedding side is kept.
+    - A view of part of a storage (a fused qkv sliced in three) is written with its
+      own bytes, never grown to the whole storage.
+    - A folder keeps its layout: pytorch_model.bin -> model.safetensors, shards ->
+      model-0000k-of-0000n.safetensors and model.safetensors.index.json (records in
+      its metadata); the other files are copied.
+    The output is written beside OUT, read back and compared with the input name by
+    name, bit for bit, fsynced, then renamed into place; IN is never modified. Exit 0
+    written and verified (or a dry-run plan); 2 otherwise, with OUT not created.
+
+    \b
+    Examples:
+      tieaudit convert pytorch_model.bin model.safetensors
+      tieaudit convert ./t5-small-bin ./t5-small-safetensors
+      tieaudit convert ./t5-small-bin --dry-run
+    """
+    from tieaudit.repair.convert import convert as run_convert
+    from tieaudit.report.convert_text import render_convert
+
+    result = run_convert(source, out, dry_run=dry_run)
+    for note in result.notes:
+        click.echo(f"tieaudit: note: {note}", err=True)
+    click.echo(render_convert(result), nl=False, err=not dry_run)
