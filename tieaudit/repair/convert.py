@@ -69,7 +69,9 @@ def _check_out(folder: bool, out: str) -> None:
     if folder:
         suffix = next((s for s in FILE_SUFFIXES if name.endswith(s)), None)
         if suffix is not None:
-            raise UsageError(f"IN is a model folder and OUT is written as a folder; name it without {suffix}", out)
+            raise UsageError(
+                f"IN is a model folder and OUT is written as a folder; name it without {suffix}", out
+            )
     elif not name.endswith(SAFE_SUFFIX):
         raise UsageError(f"OUT is a safetensors file: end its name in {SAFE_SUFFIX}", out)
 
@@ -97,10 +99,13 @@ def convert(source: str, out: str | None, *, dry_run: bool = False) -> ConvertRe
                 weights = find_weights(ckpt.path)
                 if not torch_weights(weights.files) or not all(torch_weights((f,)) for f in weights.files):
                     raise UnsupportedFormatError(
-                        "the folder's weights are not (all) pytorch_model*.bin files; nothing to convert", source
+                        "the folder's weights are not (all) pytorch_model*.bin files; nothing to convert",
+                        source,
                     )
             elif ckpt.format != "torch":
-                raise UnsupportedFormatError(f"is a {ckpt.format} checkpoint; convert reads torch files", source)
+                raise UnsupportedFormatError(
+                    f"is a {ckpt.format} checkpoint; convert reads torch files", source
+                )
             config = read_config(ckpt.path)[0] if weights is not None else None
             plan = make_convert_plan(ckpt, config)
             files = (
@@ -122,7 +127,9 @@ def convert(source: str, out: str | None, *, dry_run: bool = False) -> ConvertRe
         raise
 
 
-def write_folder(opened: OpenCheckpoint, plan: ConvertPlan, staged: str, *, files: dict[str, str]) -> list[str]:
+def write_folder(
+    opened: OpenCheckpoint, plan: ConvertPlan, staged: str, *, files: dict[str, str]
+) -> list[str]:
     """The folder at staged: safetensors weights, the index for shards, every other file copied."""
     ckpt = opened.checkpoint
     weights = find_weights(ckpt.path)

@@ -22,7 +22,7 @@ from tieaudit.core.errors import UnsafeInputError, UnsupportedFormatError
 from tieaudit.core.escape import printable
 from tieaudit.core.records import Checkpoint, TensorInfo
 from tieaudit.formats.hf_ties import Spelling
-from tieaudit.formats.tie_table import tie_table
+from tieaudit.formats.tie_table import Answer, resolve, tie_table
 from tieaudit.graph.detect import keep_rank
 from tieaudit.repair.st_stream import DTYPE_CODES
 
@@ -90,11 +90,14 @@ class ConvertPlan:
         return sum(t.nbytes for t in self.stored)
 
 
-def family_ties(config: Mapping[str, Any] | None, stored: Sequence[str]) -> tuple[str, set[tuple[str, str]]] | None:
-    """(model type, every ``(target, source)`` pair some class of that type ties, spelled as stored);
-    None when config.json names no model type the table knows."""
+def family_ties(
+    config: Mapping[str, Any] | None, stored: Sequence[str], path: str
+) -> tuple[str, set[tuple[str, str]]] | None:
+    """(model type, every ``(target, source)`` pair some class of that type ties under this
+    config.json, spelled as stored); None when config.json names no model type the table knows.
+    A class the table cannot resolve for this config contributes no pair (its names are kept)."""
     model_type = None if config is None else config.get("model_type")
-    if not isinstance(model_type, str):
+    if config is None or not isinstance(model_type, str):
         return None
     table = tie_table()
     pairs: set[tuple[str, str]] = set()
@@ -104,11 +107,13 @@ def family_ties(config: Mapping[str, Any] | None, stored: Sequence[str]) -> tupl
         if entry is None or entry.model_type != model_type:
             continue
         found = True
+        answer = resolve(entry, config, path)
+        if not isinstance(answer, Answer):
+            continue
         spelling = Spelling.of(entry, stored)
-        for group in entry.raw["groups"]:
-            for target, source in group["ties"].items():
-                spelled_target, spelled_source = spelling.spell((target, source))
-                pairs.add((spelled_target, spelled_source))
+        for target, source in answer.ties.items():
+            spelled_target, spelled_source = spelling.spell((target, source))
+            pairs.add((spelled_target, spelled_source))
     return (model_type, pairs) if found else None
 
 
@@ -151,12 +156,13 @@ def _group(
     sources = frozenset(s for _, s in ties)
     candidates = [t for t in names if t.name not in targets] or names
     best = min(candidates, key=lambda t: keep_rank(t, order[t.name], frozenset(), sources=sources))
-    why = (
-        "no class of the family ties it to another name"
-        if best.name not in targets
-        else "every name is tied by some class of the family; the first by retie's rule"
-    )
-    tied = {t for t, s in ties if s == best.name}
+    tied = {t for t, s in ties if s == best.name} & set(every)
+    if not tied:
+        why = "the model class ties none of these names to another: each is stored"
+    elif best.name in targets:
+        why = "every name is tied by some class of the family; kept by retie's rule"
+    else:
+        why = "no class of the family ties it to another name, so every class finds it"
     dropped = tuple(n for n in every if n != best.name and n in tied)
     copies = tuple(n for n in every if n != best.name and n not in tied)
     return Shared(kept=best.name, dropped=dropped, copies=copies, nbytes=best.nbytes, why=why), [
@@ -172,7 +178,7 @@ def make_convert_plan(ckpt: Checkpoint, config: Mapping[str, Any] | None) -> Con
     if unknown:
         raise UnsupportedFormatError(f"safetensors cannot store dtypes {unknown}", ckpt.path)
     order = {t.name: i for i, t in enumerate(ckpt.tensors)}
-    family = family_ties(config, [t.name for t in ckpt.tensors]) if config is not None else None
+    family = family_ties(config, [t.name for t in ckpt.tensors], ckpt.path)
     ties = None if family is None else family[1]
     by_storage: dict[str, list[TensorInfo]] = {}
     for tensor in ckpt.tensors:

@@ -15,17 +15,17 @@ def render_convert(result: ConvertResult) -> str:
     for source, target in result.files.items():
         if target:
             lines.append(f"  file {printable(source)} -> {printable(target)}")
-    lines.append(f"  {plural(len(plan.stored), 'tensor')} stored, {plural(len(plan.records), 'name')} recorded")
+    stored, recorded = plural(len(plan.stored), "tensor"), plural(len(plan.records), "name")
+    lines.append(f"  {stored} stored, {recorded} recorded")
     for group in plan.shared:
         kept = printable(group.kept)
         lines.append(f"  keep {kept}  ({human_bytes(group.nbytes)}; {printable(group.why)})")
-        for name in group.dropped:
-            lines.append(f"    drop {printable(name)} = {kept}  (recorded as {{dropped: kept}})")
-        for name in group.copies:
-            lines.append(
-                f"    copy {printable(name)} = {kept}  (stored again: the model class does not tie it, "
-                "from_pretrained would initialise it randomly)"
-            )
+        lines.extend(f"    drop {printable(n)} = {kept}  (a {{dropped: kept}} record)" for n in group.dropped)
+        lines.extend(
+            f"    copy {printable(n)} = {kept}  (stored again: the model class does not tie it, "
+            "from_pretrained would initialise it randomly)"
+            for n in group.copies
+        )
     for view in plan.partial:
         others = ", ".join(printable(n) for n in view.shared_with[:4]) or "no other name"
         lines.append(
