@@ -256,6 +256,8 @@ def test_safetensors_input_and_wrong_out_names_are_refused(
     source = tmp_path / "w.pt"
     torch.save({"w": torch.ones(4)}, source)
     assert main(["convert", str(source), str(tmp_path / "w.bin")]) == 2
+    assert "end OUT in .safetensors" in capsys.readouterr().err
+    assert main(["convert", str(source), str(tmp_path / "w.txt")]) == 2
     assert "end its name in .safetensors" in capsys.readouterr().err
     safetensors.torch.save_file({"w": torch.ones(4)}, str(tmp_path / "a.safetensors"))
     assert main(["convert", str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors")]) == 2
@@ -288,3 +290,30 @@ def test_shared_names_the_class_does_not_tie_are_stored_twice(
     assert not info["missing_keys"]
     cls = transformers.LlamaForCausalLM
     assert torch.equal(_outputs(original, cls)[0], _outputs(converted, cls)[0])
+
+
+def test_round_trip_back_to_pt_restores_real_aliasing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    torch.manual_seed(0)
+    model = FAMILIES["gpt2"][0]().eval()
+    source, safe, back = tmp_path / "gpt2.bin", tmp_path / "gpt2.safetensors", tmp_path / "back.pt"
+    torch.save(model.state_dict(), source)
+    convert(source, safe, capsys)
+    report = convert(safe, back, capsys)
+    assert "-> torch" in report and "drop lm_head.weight = transformer.wte.weight" in report
+    state = torch.load(back, weights_only=True)
+    assert sorted(state) == sorted(model.state_dict())
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(state[name], tensor), name
+    assert state["lm_head.weight"].untyped_storage().data_ptr() == (
+        state["transformer.wte.weight"].untyped_storage().data_ptr()
+    )
+    fresh = transformers.GPT2LMHeadModel(model.config).eval()
+    fresh.load_state_dict(state, strict=True)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        assert torch.equal(fresh(ids).logits, model(ids).logits)
+    assert main(["convert", str(safe), str(tmp_path / "x.pt"), "--dry-run"]) == 0
+    assert not (tmp_path / "x.pt").exists()
+    assert main(["convert", str(safe), str(tmp_path / "x.txt")]) == 2

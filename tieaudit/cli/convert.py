@@ -13,7 +13,8 @@ from tieaudit.cli.common import user_errors
 @click.option("--dry-run", is_flag=True, help="Print the plan (names kept, dropped, bytes); write nothing.")
 @user_errors
 def convert(source: str, out: str | None, dry_run: bool) -> None:
-    """Convert a .pt/.bin file, or a model folder of pytorch_model*.bin, to safetensors.
+    """Convert a .pt/.bin file, or a model folder of pytorch_model*.bin, to safetensors
+    (and a safetensors file back to .pt).
 
     \b
     No code in the pickle runs and torch is not needed: tieaudit's own reader reads it
@@ -35,15 +36,21 @@ def convert(source: str, out: str | None, dry_run: bool) -> None:
     written and verified (or a dry-run plan); 2 otherwise, with OUT not created.
 
     \b
+    The reverse: a .safetensors IN with an OUT ending in .pt, .bin (...) is written with
+    torch.save (torch extra), every {dropped: kept} name the kept tensor itself again
+    (one storage, as retie writes .pt), verified the same way.
+
+    \b
     Examples:
       tieaudit convert pytorch_model.bin model.safetensors
       tieaudit convert ./t5-small-bin ./t5-small-safetensors
       tieaudit convert ./t5-small-bin --dry-run
+      tieaudit convert model.safetensors model.pt
     """
-    from tieaudit.repair.convert import convert as run_convert
+    from tieaudit.load import convert_checkpoint
     from tieaudit.report.convert_text import render_convert
 
-    result = run_convert(source, out, dry_run=dry_run)
+    result = convert_checkpoint(source, out, dry_run=dry_run)
     for note in result.notes:
         click.echo(f"tieaudit: note: {note}", err=True)
     click.echo(render_convert(result), nl=False, err=not dry_run)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tieaudit.core.bytestore import OpenCheckpoint
@@ -117,7 +118,9 @@ def convert(source: str, out: str | None, *, dry_run: bool = False) -> ConvertRe
                 return ConvertResult(plan=plan, written=None, files=files)
             try:
                 with signals_guarded() as guard:
-                    size, notes = _write_and_publish(opened, plan, paths, files=files, guard=guard)
+                    size, notes = write_and_publish(
+                        opened, paths, lambda staged: _write(opened, plan, staged, files=files), guard=guard
+                    )
             except OSError as exc:
                 raise OutputError(f"cannot write: {exc.strerror or exc}", out) from exc
             return ConvertResult(plan=plan, written=out, files=files, output_bytes=size, notes=tuple(notes))
@@ -125,6 +128,13 @@ def convert(source: str, out: str | None, *, dry_run: bool = False) -> ConvertRe
         if paths is not None and exc.path == paths.source.path:
             exc.path = source
         raise
+
+
+def _write(opened: OpenCheckpoint, plan: ConvertPlan, staged: str, *, files: dict[str, str]) -> list[str]:
+    if opened.checkpoint.format == "hf-dir":
+        return write_folder(opened, plan, staged, files=files)
+    write_safetensors(staged, opened, plan.stored, metadata={**SAFE_FORMAT, **plan.records})
+    return [staged]
 
 
 def write_folder(
@@ -157,19 +167,16 @@ def write_folder(
     return written + [root for root, _, _ in os.walk(staged)]
 
 
-def _write_and_publish(
-    opened: OpenCheckpoint, plan: ConvertPlan, paths: RetiePaths, *, files: dict[str, str], guard: SignalGuard
+def write_and_publish(
+    opened: OpenCheckpoint, paths: RetiePaths, write: Callable[[str], list[str]], *, guard: SignalGuard
 ) -> tuple[int, list[str]]:
-    """Write in the stage, verify, fsync, publish; the stage is removed whatever happens."""
+    """Write OUT in a stage beside it (write(staged) returns the files written), verify it against
+    opened, fsync, publish; the stage is removed whatever happens. Returns (bytes, notes)."""
     stage, notes = stage_path(paths.out)
     try:
         os.mkdir(stage)
         staged = os.path.join(stage, paths.out.name)
-        if opened.checkpoint.format == "hf-dir":
-            written = write_folder(opened, plan, staged, files=files)
-        else:
-            write_safetensors(staged, opened, plan.stored, metadata={**SAFE_FORMAT, **plan.records})
-            written = [staged]
+        written = write(staged)
         try:
             verify_output(opened, staged)
         except (VerificationError, ReferenceMismatch) as exc:

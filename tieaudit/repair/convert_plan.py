@@ -78,6 +78,8 @@ class ConvertPlan:
     """Views written as their own tensors."""
     input_bytes: int
     """Bytes of the input's storages."""
+    target: str = "safetensors"
+    """What the output is: safetensors, or torch (the reverse: recorded names aliased again)."""
 
     @property
     def records(self) -> dict[str, str]:

@@ -10,7 +10,8 @@ from tieaudit.repair.convert import ConvertResult
 def render_convert(result: ConvertResult) -> str:
     """The files, the names kept and dropped (and why), the partial views, then the bytes."""
     plan = result.plan
-    lines = [f"convert plan for {printable(plan.path)} -> safetensors"]
+    lines = [f"convert plan for {printable(plan.path)} -> {plan.target}"]
+    how = "a {dropped: kept} record" if plan.target == "safetensors" else "the kept tensor itself again"
     lines.append(f"  {printable(plan.note)}")
     for source, target in result.files.items():
         if target:
@@ -20,7 +21,7 @@ def render_convert(result: ConvertResult) -> str:
     for group in plan.shared:
         kept = printable(group.kept)
         lines.append(f"  keep {kept}  ({human_bytes(group.nbytes)}; {printable(group.why)})")
-        lines.extend(f"    drop {printable(n)} = {kept}  (a {{dropped: kept}} record)" for n in group.dropped)
+        lines.extend(f"    drop {printable(n)} = {kept}  ({how})" for n in group.dropped)
         lines.extend(
             f"    copy {printable(n)} = {kept}  (stored again: the model class does not tie it, "
             "from_pretrained would initialise it randomly)"
