@@ -317,3 +317,52 @@ def test_round_trip_back_to_pt_restores_real_aliasing(
     assert main(["convert", str(safe), str(tmp_path / "x.pt"), "--dry-run"]) == 0
     assert not (tmp_path / "x.pt").exists()
     assert main(["convert", str(safe), str(tmp_path / "x.txt")]) == 2
+
+
+_PEAK = (
+    "import sys\n"
+    "from tieaudit.cli.main import main\n"
+    "code = main(sys.argv[1:])\n"
+    "print(open('/proc/self/status').read().split('VmHWM:')[1].split()[0])\n"
+    "sys.exit(code)\n"
+)
+
+
+def _peak_kib(*args: str) -> int:
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    done = subprocess.run([sys.executable, "-c", _PEAK, *args], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout.split()[-1])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="peak RSS read from Linux /proc")
+def test_peak_memory_is_bounded_by_tensors_not_the_model(tmp_path: Path) -> None:
+    """96 MiB of 2 MiB tensors: the run's peak RSS grows by a few tensors over the dry run's (the
+    bytes are copied from the mapped input and compared a tensor at a time), never by the model."""
+    source = tmp_path / "many.pt"
+    torch.save({f"w{i}": torch.full((1 << 19,), float(i)) for i in range(48)}, source)
+    baseline = _peak_kib("convert", str(source), "--dry-run")
+    peak = _peak_kib("convert", str(source), str(tmp_path / "many.safetensors"))
+    assert (tmp_path / "many.safetensors").stat().st_size > 96 << 20
+    assert peak - baseline < 40 << 10, (baseline, peak)
+
+
+def test_a_failed_verification_leaves_no_out_and_no_stage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tieaudit.repair.convert as convert_module
+    from tieaudit.repair.verify import VerificationError
+
+    def differs(original: object, out: str) -> None:
+        raise VerificationError("w differs from the input after writing", out)
+
+    source = tmp_path / "in" / "w.pt"
+    source.parent.mkdir()
+    torch.save({"w": torch.ones(4)}, source)
+    monkeypatch.setattr(convert_module, "verify_output", differs)
+    assert main(["convert", str(source), str(tmp_path / "w.safetensors")]) == 2
+    assert "differs from the input after writing; nothing was written" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["in"]
