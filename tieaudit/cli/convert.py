@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tieaudit.cli.common import user_errors
+from tieaudit.cli.common import from_cache, user_errors
 
 
 @click.command()
@@ -32,7 +32,8 @@ def convert(source: str, out: str | None, dry_run: bool) -> None:
       model-0000k-of-0000n.safetensors and model.safetensors.index.json (records in
       its metadata); the other files are copied.
     The output is written beside OUT, read back and compared with the input name by
-    name, bit for bit, fsynced, then renamed into place; IN is never modified. Exit 0
+    name, bit for bit, fsynced, then renamed into place; IN is never modified (it may be
+    a repository id in the local Hugging Face cache, as for check). Exit 0
     written and verified (or a dry-run plan); 2 otherwise, with OUT not created.
 
     \b
@@ -50,7 +51,7 @@ def convert(source: str, out: str | None, dry_run: bool) -> None:
     from tieaudit.load import convert_checkpoint
     from tieaudit.report.convert_text import render_convert
 
-    result = convert_checkpoint(source, out, dry_run=dry_run)
+    result = convert_checkpoint(from_cache(source, verb="read"), out, dry_run=dry_run)
     for note in result.notes:
         click.echo(f"tieaudit: note: {note}", err=True)
     click.echo(render_convert(result), nl=False, err=not dry_run)
