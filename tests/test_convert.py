@@ -366,3 +366,25 @@ def test_a_failed_verification_leaves_no_out_and_no_stage(
     assert main(["convert", str(source), str(tmp_path / "w.safetensors")]) == 2
     assert "differs from the input after writing; nothing was written" in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ["in"]
+
+
+def test_to_safetensors_needs_no_torch_and_the_reverse_names_the_extra(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent
+    source = tmp_path / "w.pt"
+    torch.save({"emb.weight": torch.ones(8, 4), "head.weight": torch.zeros(8, 4)}, source)
+
+    def hidden(*argv: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, str(root / "hidden_extras.py"), "torch,transformers", *argv]
+        return subprocess.run(command, capture_output=True, text=True, cwd=root.parent, check=False)
+
+    done = hidden("convert", str(source), str(tmp_path / "w.safetensors"))
+    assert done.returncode == 0, done.stderr
+    assert "hidden-import-attempt" not in done.stdout  # the forward direction never asks for torch
+    assert (tmp_path / "w.safetensors").exists()
+    done = hidden("convert", str(tmp_path / "w.safetensors"), str(tmp_path / "back.pt"))
+    assert done.returncode == 2
+    assert done.stderr.strip().endswith("pip install 'tieaudit[torch]'"), done.stderr
+    assert not (tmp_path / "back.pt").exists()
