@@ -7,15 +7,22 @@ storage, so names that share a storage in the file share one in memory too.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.dtypes import itemsize
+from tieaudit.core.errors import OutputError, UnsupportedFormatError, UsageError
 from tieaudit.core.extras import require
+from tieaudit.core.interrupts import signals_guarded
 from tieaudit.core.records import TensorInfo
 from tieaudit.formats import open_checkpoint
+from tieaudit.formats.capabilities import OUT_SUFFIXES
+from tieaudit.repair.convert import ConvertResult, write_and_publish
+from tieaudit.repair.convert_plan import ConvertPlan, Shared
+from tieaudit.repair.publish import check_paths
 from tieaudit.repair.restore import Source, restored_array, sources
 
 if TYPE_CHECKING:
@@ -103,3 +110,84 @@ def load_tied(path: str) -> dict[str, torch.Tensor]:
             if name not in state:
                 state[name] = _restored(opened, source, state[source.name])
         return state
+
+
+def convert_to_torch(source: str, out: str | None, *, dry_run: bool = False) -> ConvertResult:
+    """A safetensors file -> a torch.save file (OUT ending in .pt, .bin, ...) whose recorded ties are
+    real aliasing again: ``{dropped: kept}`` names are the kept tensor itself (one storage), a
+    transposed record a view of it (as retie writes .pt), a cast record its own tensor. The
+    reverse of ``repair.convert.convert``; it holds the model in memory (torch.save does).
+
+    Verified and published like convert: the written file is read back (tieaudit's torch reader,
+    then torch.load(weights_only=True)) and every name the input provides compared bit for bit.
+    Raises MissingExtra without the torch extra.
+    """
+    require("convert to .pt", ("torch",))
+    import torch
+
+    if out is None and not dry_run:
+        raise UsageError("say where the output goes: OUT (a new path), or --dry-run to print the plan")
+    if out is not None and not os.path.basename(out).endswith(OUT_SUFFIXES["torch"]):
+        suffixes = ", ".join(OUT_SUFFIXES["torch"])
+        raise UsageError(f"OUT is a torch.save file: end its name in one of {suffixes}", out)
+    if not os.path.exists(source):
+        raise UsageError("no such file or folder", source)
+    paths = None if dry_run or out is None else check_paths(source, out, False)
+    with open_checkpoint(source if paths is None else paths.source.path) as opened:
+        ckpt = opened.checkpoint
+        if ckpt.format != "safetensors":
+            raise UnsupportedFormatError(
+                f"is a {ckpt.format} checkpoint; an OUT named as a torch file is written from one "
+                "safetensors file only (to convert IN to safetensors, end OUT in .safetensors)",
+                source,
+            )
+        found = sources(ckpt)
+        groups: dict[str, list[str]] = {}
+        for name, where in found.items():
+            if name not in ckpt.names:
+                groups.setdefault(where.name, []).append(name)
+        plan = ConvertPlan(
+            path=source,
+            family=None,
+            note="safetensors -> torch.save: recorded names become the kept tensor again (one storage)",
+            stored=ckpt.tensors,
+            shared=tuple(
+                Shared(kept=k, dropped=tuple(d), copies=(), nbytes=ckpt.tensor(k).nbytes, why="its record")
+                for k, d in groups.items()
+            ),
+            partial=(),
+            input_bytes=sum(t.nbytes for t in ckpt.tensors),
+            target="torch",
+        )
+        files = {os.path.basename(ckpt.path): os.path.basename(out or "")}
+        if paths is None:
+            return ConvertResult(plan=plan, written=None, files=files)
+
+        def write(staged: str) -> list[str]:
+            copies = _StorageCopies(opened)
+            state: dict[str, torch.Tensor] = {t.name: copies.view(t) for t in ckpt.tensors}
+            for name, where in found.items():
+                if name not in state:
+                    state[name] = _restored(opened, where, state[where.name])
+            torch.save(state, staged)
+            return [staged]
+
+        try:
+            with signals_guarded() as guard:
+                size, notes = write_and_publish(opened, paths, write, guard=guard)
+        except OSError as exc:
+            raise OutputError(f"cannot write: {exc.strerror or exc}", out) from exc
+        return ConvertResult(plan=plan, written=out, files=files, output_bytes=size, notes=tuple(notes))
+
+
+def convert_checkpoint(source: str, out: str | None, *, dry_run: bool = False) -> ConvertResult:
+    """``tieaudit convert``: to .pt (``convert_to_torch``) when OUT is named as a torch file, or, with
+    no OUT, when IN is a .safetensors file; to safetensors (``repair.convert.convert``) otherwise."""
+    named = out if out is not None else source
+    if (out is not None and os.path.basename(out).endswith(OUT_SUFFIXES["torch"])) or (
+        out is None and os.path.isfile(named) and named.endswith(".safetensors")
+    ):
+        return convert_to_torch(source, out, dry_run=dry_run)
+    from tieaudit.repair.convert import convert
+
+    return convert(source, out, dry_run=dry_run)

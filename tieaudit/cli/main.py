@@ -301,10 +301,12 @@ def check(
 
 def _register_commands() -> None:
     # Defined in their own modules (ONNX Runtime and torch stay lazy imports inside the commands).
+    from tieaudit.cli.convert import convert
     from tieaudit.cli.onnx import export, runtime
     from tieaudit.cli.retie import retie
 
     cli.add_command(retie)
+    cli.add_command(convert)
     cli.add_command(runtime)
     cli.add_command(export)
 
