@@ -183,9 +183,7 @@ def write_and_publish(
             raise type(exc)(f"{exc.message}; nothing was written", paths.out_given) from exc
         for file in written:
             fsync_path(file)
-        size = sum(
-            os.path.getsize(os.path.join(root, f)) for root, _, names in os.walk(stage) for f in names
-        )
+        size = sum(os.path.getsize(os.path.join(root, f)) for root, _, names in os.walk(stage) for f in names)
         with guard.deferred():
             publish(stage, out=paths.out, out_given=paths.out_given)
     finally:

@@ -13,7 +13,7 @@ shard index, ``tieaudit.ties``, ONNX Identity aliases) is compared after applyin
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import numpy as np
@@ -91,6 +91,7 @@ class ReferenceCheck:
         comparer = getattr(_local, "comparer", None) or BlockComparer()
         _local.comparer = comparer
         rows = _rows_per_block(tensor)
+        release = block_releaser([(self._original, tensor, expected)])
         with self._loaded.values(source.name) as block:
             for first in range(0, len(expected), rows) if expected.ndim else [0]:
                 want = expected[first : first + rows] if expected.ndim else expected.reshape(1)
@@ -98,7 +99,26 @@ class ReferenceCheck:
                 value = value.reshape(want.shape) if value.size == want.size else value
                 if not comparer.same(want, value):
                     return f"{name} differs from the input when the reference loader reads the output"
+                if expected.ndim:  # the input's pages of this block, read again here, go back too
+                    release(first, first + len(want))
         return None
+
+
+def block_releaser(
+    pairs: list[tuple[OpenCheckpoint, TensorInfo, np.ndarray]],
+) -> Callable[[int, int], None]:
+    """Called after each block of rows is compared (verify.same_values, ReferenceCheck.problem):
+    rows [first, stop) of each contiguous array given back to the kernel (a view that is not one
+    contiguous run of its storage keeps its pages until the tensor is done)."""
+
+    def release(first: int, stop: int) -> None:
+        for opened, tensor, array in pairs:
+            if array.flags.c_contiguous and array.ndim and tensor.nbytes == array.nbytes:
+                start = tensor.byte_span()[0]
+                row = array[0:1].nbytes
+                opened.release(tensor, start + first * row, start + stop * row)
+
+    return release
 
 
 def training_files_tensors(ckpt: Checkpoint) -> frozenset[str]:

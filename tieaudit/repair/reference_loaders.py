@@ -136,15 +136,19 @@ class _Safetensors(Loaded):
 
     @contextmanager
     def values(self, name: str) -> Iterator[Block]:
+        """Each block read through a safe_open of its own: the library maps the whole file and
+        the pages a block touches stay resident until the handle closes, so one handle per tensor
+        kept a whole tensor (the embedding, twice with two verifying threads) in memory. A block
+        is a copy, so it outlives its handle; an open costs a header parse."""
         path = self._info[name][0]
-        with self._open(path, os.path.basename(path)) as handle:
-            piece = handle.get_slice(name)
 
-            def block(index: tuple[slice, ...]) -> np.ndarray:
+        def block(index: tuple[slice, ...]) -> np.ndarray:
+            with self._open(path, os.path.basename(path)) as handle:
+                piece = handle.get_slice(name)
                 array: np.ndarray = piece[index] if index else piece[...]
                 return array
 
-            yield block
+        yield block
 
     def ties(self) -> dict[str, Source]:
         return self._ties

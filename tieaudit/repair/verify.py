@@ -8,7 +8,7 @@ for bytes those libraries would read differently.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -18,7 +18,7 @@ from tieaudit.core.interrupts import worker_pool
 from tieaudit.core.records import TensorInfo
 from tieaudit.formats import open_checkpoint
 from tieaudit.graph.compare import BlockComparer
-from tieaudit.repair.reference import ReferenceCheck, reference_check
+from tieaudit.repair.reference import ReferenceCheck, block_releaser, reference_check
 from tieaudit.repair.restore import Source, restored_array, sources
 
 BLOCK_ROWS_BYTES = 16 << 20
@@ -31,15 +31,28 @@ class VerificationError(TieauditError):
     """The written output does not reproduce the input; it is discarded."""
 
 
-def same_values(left: np.ndarray, right: np.ndarray, comparer: BlockComparer) -> bool:
-    """Bit-for-bit equality of two arrays of one shape, a block of rows at a time."""
+def same_values(
+    left: np.ndarray,
+    right: np.ndarray,
+    comparer: BlockComparer,
+    *,
+    done: Callable[[int, int], None] | None = None,
+) -> bool:
+    """Bit-for-bit equality of two arrays of one shape, a block of rows at a time; done(first, stop)
+    is told each block of rows compared (to give its pages back), so that what stays resident while
+    verifying is a block, not the tensor."""
     if left.shape != right.shape or left.dtype.itemsize != right.dtype.itemsize:
         return False
     if left.ndim == 0:
         return comparer.same(left.reshape(1), right.reshape(1))
     row_bytes = max(1, left[0:1].nbytes) if len(left) else 1
     rows = max(1, BLOCK_ROWS_BYTES // row_bytes)
-    return all(comparer.same(left[i : i + rows], right[i : i + rows]) for i in range(0, len(left), rows))
+    for first in range(0, len(left), rows):
+        if not comparer.same(left[first : first + rows], right[first : first + rows]):
+            return False
+        if done is not None:
+            done(first, min(first + rows, len(left)))
+    return True
 
 
 VERIFY_THREADS = 2
@@ -64,7 +77,10 @@ def _problem(
         return f"{tensor.name} comes back as {value.dtype}, not {tensor.dtype}"
     comparer = getattr(_local, "comparer", None) or BlockComparer()
     _local.comparer = comparer
-    same = same_values(expected, value, comparer)
+    pairs = [(original, tensor, expected)]
+    if source.relation in ("stored", "equal") and source.name in written.checkpoint.names:
+        pairs.append((written, written.checkpoint.tensor(source.name), value))
+    same = same_values(expected, value, comparer, done=block_releaser(pairs))
     _release(written, source.name)
     try:
         if not same:
