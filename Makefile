@@ -52,6 +52,7 @@ bench: $(STAMP)
 	$(PY) bench/retie.py
 	$(PY) bench/many.py
 	$(PY) bench/runtime.py
+	$(PY) bench/convert.py
 
 # Long fuzzing run (fuzz/run.py): atheris when it installs for this Python, else hypothesis.
 FUZZ_SECONDS ?= 60
