@@ -9,7 +9,7 @@ from tieaudit.cli.common import from_cache, user_errors
 
 @click.command()
 @click.argument("source", metavar="IN", type=click.Path())
-@click.argument("out", metavar="OUT", type=click.Path(), required=False)
+@click.argument("out", metavar="[OUT]", type=click.Path(), required=False)
 @click.option("--dry-run", is_flag=True, help="Print the plan (names kept, dropped, bytes); write nothing.")
 @user_errors
 def convert(source: str, out: str | None, dry_run: bool) -> None:

@@ -21,7 +21,7 @@ def _relations(value: str | None) -> frozenset[str] | None:
 
 @click.command()
 @click.argument("source", metavar="IN", type=click.Path())
-@click.argument("out", metavar="OUT", type=click.Path(), required=False)
+@click.argument("out", metavar="[OUT]", type=click.Path(), required=False)
 @click.option("--dry-run", is_flag=True, help="Print the plan and the bytes saved; write nothing.")
 @click.option(
     "--keep",
