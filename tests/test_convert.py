@@ -356,16 +356,16 @@ def test_peak_memory_is_bounded_by_tensors_not_the_model(tmp_path: Path) -> None
 def test_a_failed_verification_leaves_no_out_and_no_stage(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import tieaudit.repair.convert as convert_module
+    import tieaudit.repair.retie as publishing  # convert publishes through retie's write_and_publish
     from tieaudit.repair.verify import VerificationError
 
-    def differs(original: object, out: str) -> None:
+    def differs(original: object, out: str, **_: object) -> None:
         raise VerificationError("w differs from the input after writing", out)
 
     source = tmp_path / "in" / "w.pt"
     source.parent.mkdir()
     torch.save({"w": torch.ones(4)}, source)
-    monkeypatch.setattr(convert_module, "verify_output", differs)
+    monkeypatch.setattr(publishing, "verify_output", differs)
     assert main(["convert", str(source), str(tmp_path / "w.safetensors")]) == 2
     assert "differs from the input after writing; nothing was written" in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ["in"]

@@ -20,10 +20,11 @@ from tieaudit.core.interrupts import signals_guarded
 from tieaudit.core.records import TensorInfo
 from tieaudit.formats import open_checkpoint
 from tieaudit.formats.capabilities import OUT_SUFFIXES
-from tieaudit.repair.convert import ConvertResult, write_and_publish
+from tieaudit.repair.convert import ConvertResult
 from tieaudit.repair.convert_plan import ConvertPlan, Shared
 from tieaudit.repair.publish import check_paths
 from tieaudit.repair.restore import Source, restored_array, sources
+from tieaudit.repair.retie import write_and_publish
 
 if TYPE_CHECKING:
     import torch

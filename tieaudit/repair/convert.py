@@ -17,23 +17,19 @@ in the file's ``__metadata__`` (single file) or in the index ``metadata`` (shard
 from __future__ import annotations
 
 import os
-import shutil
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.errors import OutputError, TieauditError, UnsupportedFormatError, UsageError
-from tieaudit.core.fsops import fsync_path
-from tieaudit.core.interrupts import SignalGuard, signals_guarded
+from tieaudit.core.interrupts import signals_guarded
 from tieaudit.formats import open_checkpoint
 from tieaudit.formats.capabilities import FILE_SUFFIXES
 from tieaudit.formats.hf_dir import find_weights, read_config, torch_weights
 from tieaudit.repair.convert_plan import ConvertPlan, make_convert_plan
 from tieaudit.repair.hf_writer import copy_file, side_files, write_json
-from tieaudit.repair.publish import RetiePaths, check_paths, publish, stage_path
-from tieaudit.repair.reference import ReferenceMismatch
+from tieaudit.repair.publish import check_paths
+from tieaudit.repair.retie import write_and_publish
 from tieaudit.repair.st_stream import write_safetensors
-from tieaudit.repair.verify import VerificationError, verify_output
 
 SAFE_FORMAT = {"format": "pt"}
 """The ``__metadata__`` entry transformers requires of a safetensors file it loads."""
@@ -165,28 +161,3 @@ def write_folder(
         index = {"metadata": {"total_size": plan.output_bytes, **records}, "weight_map": weight_map}
         written.append(write_json(os.path.join(staged, "model.safetensors.index.json"), index))
     return written + [root for root, _, _ in os.walk(staged)]
-
-
-def write_and_publish(
-    opened: OpenCheckpoint, paths: RetiePaths, write: Callable[[str], list[str]], *, guard: SignalGuard
-) -> tuple[int, list[str]]:
-    """Write OUT in a stage beside it (write(staged) returns the files written), verify it against
-    opened, fsync, publish; the stage is removed whatever happens. Returns (bytes, notes)."""
-    stage, notes = stage_path(paths.out)
-    try:
-        os.mkdir(stage)
-        staged = os.path.join(stage, paths.out.name)
-        written = write(staged)
-        try:
-            verify_output(opened, staged)
-        except (VerificationError, ReferenceMismatch) as exc:
-            raise type(exc)(f"{exc.message}; nothing was written", paths.out_given) from exc
-        for file in written:
-            fsync_path(file)
-        size = sum(os.path.getsize(os.path.join(root, f)) for root, _, names in os.walk(stage) for f in names)
-        with guard.deferred():
-            publish(stage, out=paths.out, out_given=paths.out_given)
-    finally:
-        with guard.deferred():
-            shutil.rmtree(stage, ignore_errors=True)
-    return size, notes

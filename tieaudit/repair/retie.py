@@ -10,10 +10,11 @@ publishing and --in-place are in repair.publish.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from tieaudit.core.bytestore import OpenCheckpoint
@@ -210,7 +211,10 @@ def _retie(source: str, out: str, paths: RetiePaths | None, *, request: _Request
             )
         try:
             with signals_guarded() as guard:
-                output_bytes, notes = _write_and_publish(opened, plan, paths, guard=guard)
+                write = functools.partial(_writer(ckpt.format).write, opened, plan)
+                output_bytes, notes = write_and_publish(
+                    opened, paths, write, guard=guard, renamed=plan.renamed
+                )
         except OSError as exc:  # disk full, quota, permissions: OUT never appears
             raise OutputError(f"cannot write: {exc.strerror or exc}", out) from exc
     backup = None if paths.backup is None else out + BACKUP_SUFFIX
@@ -224,20 +228,28 @@ def _retie(source: str, out: str, paths: RetiePaths | None, *, request: _Request
     )
 
 
-def _write_and_publish(
-    opened: OpenCheckpoint, plan: RetiePlan, paths: RetiePaths, *, guard: SignalGuard
+def write_and_publish(
+    opened: OpenCheckpoint,
+    paths: RetiePaths,
+    write: Callable[[str], list[str]],
+    *,
+    guard: SignalGuard,
+    renamed: Mapping[str, str | None] | None = None,
 ) -> tuple[int, list[str]]:
-    """Write in the stage, verify, publish; the stage is removed whatever happens (signals included)."""
+    """write(staged) in a stage beside OUT (it returns the files written), verify against opened
+    (renamed: see verify_output), fsync, publish (in place when paths has a backup); the stage is
+    removed whatever happens, signals included. Returns (output bytes, notes). retie, convert and
+    the reverse conversion (tieaudit.load) all publish through it."""
     stage, notes = stage_path(paths.out)
     try:
         os.mkdir(stage)
         staged = os.path.join(stage, paths.out.name)
-        files = _writer(opened.checkpoint.format).write(opened, plan, staged)
+        files = write(staged)
         # Flushing to disk and reading back overlap; the rename waits for both.
         with worker_pool(1, "fsync") as pool:
             syncing = pool.submit(_fsync_all, files)
             try:
-                verify_output(opened, staged, renamed=plan.renamed)
+                verify_output(opened, staged, renamed=renamed)
             except (VerificationError, ReferenceMismatch) as exc:  # named as OUT: the stage goes away
                 raise type(exc)(f"{exc.message}; nothing was written", paths.out_given) from exc
             syncing.result()
