@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from tieaudit.core.errors import InputError
 from tieaudit.core.escape import printable
 from tieaudit.core.limits import NotRegularFile, TooLarge, read_limited
+from tieaudit.formats.capabilities import FILE_SUFFIXES
 
 __all__ = [
     "CacheSnapshot",
@@ -37,8 +38,9 @@ MAX_REF_BYTES = 1024
 """Largest refs/<revision> file read: it holds one 40-character commit hash."""
 REPO_ID = re.compile(r"(\b[\w\-.]{1,96}\b/)?\b[\w\-.]{1,96}\b", re.ASCII)
 """huggingface_hub's REPO_ID_REGEX: an optional namespace, then the name."""
-FILE_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".onnx", ".ckpt", ".tar", ".json", ".gguf", ".h5")
-"""A missing argument ending like a file is a missing file, never looked up as a repository."""
+NOT_REPO_SUFFIXES = (*FILE_SUFFIXES, ".json", ".h5", ".git")
+"""A missing argument ending like a checkpoint file (``formats.capabilities``), a JSON or HDF5 file,
+or a git repository is a missing path, never looked up as a repository."""
 REPO_FOLDER = re.compile(r"models--(.+)")
 
 
@@ -84,7 +86,7 @@ def looks_like_repo_id(argument: str) -> bool:
         REPO_ID.fullmatch(repo_id) is not None
         and "--" not in repo_id
         and ".." not in repo_id
-        and not repo_id.endswith((".git", *FILE_SUFFIXES))
+        and not repo_id.endswith(NOT_REPO_SUFFIXES)
         and _safe_revision(revision)
     )
 
