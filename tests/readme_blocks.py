@@ -1,7 +1,8 @@
 """README.md's fenced blocks and the command lines of its ``sh`` blocks (for tests/test_readme_commands.py).
 
 The README shows hosted addresses the tests cannot reach: ``PLACEHOLDER_URL`` stands for wherever
-tieaudit is hosted, and the tests put the local repository's ``file://`` URL in its place.
+tieaudit is hosted, and the tests put the ``file://`` URL of a bare clone of this repository in its
+place (``hosted_repository``): the release as a user's pip or pre-commit fetches it.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 PLACEHOLDER_URL = "https://github.com/OWNER/tieaudit"
-# git+file:// needs a host for pip < 24 (PEP 508 parsing): localhost works with every pip and git
-LOCAL_URL = f"file://localhost{ROOT.as_posix()}"
 
 
 @dataclass(frozen=True)
@@ -78,9 +77,10 @@ def commands(block: Block) -> list[Command]:
     return found
 
 
-def local(text: str) -> str:
-    """The command with the hosted address replaced by this repository's."""
-    return text.replace(PLACEHOLDER_URL, LOCAL_URL)
+def local(text: str, hosted: Path) -> str:
+    """The command with the hosted address replaced by the bare clone's (``hosted_repository``).
+    git+file:// needs a host for pip < 24 (PEP 508 parsing): localhost works with every pip and git."""
+    return text.replace(PLACEHOLDER_URL, f"file://localhost{hosted.as_posix()}")
 
 
 def installs_tieaudit(command: str) -> bool:
@@ -90,9 +90,36 @@ def installs_tieaudit(command: str) -> bool:
     return "tieaudit" in command or re.search(r"""(?:^|\s)['"]?\.(?:\[|['"]|\s|$)""", command) is not None
 
 
-def is_release_tag(rev: str) -> bool:
-    done = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", f"refs/tags/{rev}^{{commit}}"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    return done.returncode == 0
+def git(*args: str, where: Path = ROOT) -> str:
+    done = subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True, check=False)
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def tags(where: Path = ROOT) -> list[str]:
+    return git("tag", "--list", where=where).split()
+
+
+def is_release_tag(rev: str, where: Path = ROOT) -> bool:
+    """An annotated tag (what `git tag -a` makes, what a release is) naming a commit."""
+    return bool(git("rev-parse", "--verify", "--quiet", f"refs/tags/{rev}^{{commit}}", where=where)) and (
+        git("cat-file", "-t", f"refs/tags/{rev}", where=where) == "tag"
+    )
+
+
+def hosted_repository(rev: str, where: Path) -> Path:
+    """A bare clone of this repository, as hosted, with the release tag ``rev``.
+
+    A clone made without tags (a CI checkout: ``actions/checkout`` fetches none by default, and this
+    project's CI clones only the branch) cannot carry the release: there the bare clone tags its HEAD,
+    standing in for the release the README names. When this repository has the tag, the bare clone
+    has that very tag (``git clone`` copies tags) and nothing is added."""
+    bare = where / "tieaudit.git"
+    subprocess.run(["git", "clone", "--quiet", "--bare", str(ROOT), str(bare)], check=True)
+    if not is_release_tag(rev, bare):
+        subprocess.run(
+            ["git", "-C", str(bare), "-c", "user.name=tieaudit tests", "-c", "user.email=tests@localhost",
+             "tag", "-a", rev, "-m", f"stand-in for the release {rev}: the clone under test has no tags",
+             "HEAD"],
+            check=True,
+        )  # fmt: skip
+    return bare

@@ -31,9 +31,12 @@ from readme_blocks import (
     Block,
     blocks,
     commands,
+    git,
+    hosted_repository,
     installs_tieaudit,
     is_release_tag,
     local,
+    tags,
 )
 
 from tieaudit.rules.policy import load_policy
@@ -141,7 +144,7 @@ def shims(where: Path) -> tuple[Path, Path]:
     return where / "bin", where / "fallback"
 
 
-def session_script(block: Block, log: Path) -> str:
+def session_script(block: Block, log: Path, hosted: Path) -> str:
     """One bash session: each command's output and exit go to log/N.*; installs are checked after."""
     lines = ["set -o pipefail"]
     for n, command in enumerate(commands(block)):
@@ -153,13 +156,19 @@ def session_script(block: Block, log: Path) -> str:
                 f"{{ echo 'no venv is active' > {log}/{n}.out; echo 99 > {log}/{n}.rc; exit; }}"
             )
             lines.append("python -m pip uninstall -qy tieaudit >/dev/null 2>&1")
-        lines += [f"{{\n{local(command.text)}\n}} > {log}/{n}.out 2>&1", f"echo $? > {log}/{n}.rc"]
+        lines += [f"{{\n{local(command.text, hosted)}\n}} > {log}/{n}.out 2>&1", f"echo $? > {log}/{n}.rc"]
         if installs_tieaudit(command.text):
             lines.append(
                 f"{{ command -v tieaudit; tieaudit --version; python -c 'import importlib.util as u; "
                 f'print("torch" if u.find_spec("torch") else "no torch")\'; }} > {log}/{n}.after 2>&1'
             )
     return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="module")
+def hosted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the README's `OWNER/tieaudit` URL points in these tests: a bare clone with the release tag."""
+    return hosted_repository(f"v{VERSION}", tmp_path_factory.mktemp("hosted"))
 
 
 @pytest.fixture
@@ -170,12 +179,12 @@ def workspace(corpus: Corpus, tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("block", SH_BLOCKS, ids=[f"README.md:{b.line}" for b in SH_BLOCKS])
-def test_every_sh_block_runs(block: Block, workspace: Path, tmp_path: Path) -> None:
+def test_every_sh_block_runs(block: Block, workspace: Path, hosted: Path, tmp_path: Path) -> None:
     bin_dir, fallback = shims(tmp_path)
     log = tmp_path / "log"
     log.mkdir()
     script = tmp_path / "session.sh"
-    script.write_text(session_script(block, log))
+    script.write_text(session_script(block, log, hosted))
     env = clean_env([str(bin_dir)])
     env["PATH"] += os.pathsep + str(fallback)
     env["HF_HOME"] = str(tmp_path / "hf-home")  # an empty Hugging Face cache: nothing from this machine
@@ -234,17 +243,26 @@ def pre_commit_repo() -> dict[str, Any]:
 
 
 def test_the_revisions_readme_names_are_release_tags() -> None:
-    """`rev:` of the pre-commit configuration and `@rev` of every install line are tags of this repository."""
+    """`rev:` of the pre-commit configuration and `@rev` of every install line name the release of the
+    version in pyproject.toml, and where this clone has tags (a developer's, the release machine's) that
+    release is an annotated tag whose pyproject.toml has that version.
+
+    A clone without tags (CI clones the branch only) cannot show the tag: there the install and hook
+    tests run against `hosted_repository`, which tags HEAD as the stand-in release."""
     repo = pre_commit_repo()
     assert repo["repo"] == PLACEHOLDER_URL
     revs = {repo["rev"]}
     text = README.read_text()
     revs |= {part.split("'")[0].split('"')[0] for part in text.split(f"{PLACEHOLDER_URL}@")[1:]}
     assert revs == {f"v{VERSION}"}, revs
-    for rev in revs:
-        assert is_release_tag(rev), (
-            f"{rev} is not a tag of the repository: git tag -a {rev} -m 'tieaudit {rev}'"
-        )
+    if not tags():
+        return
+    rev = f"v{VERSION}"
+    assert is_release_tag(rev), (
+        f"{rev} is not an annotated tag of the repository: git tag -a {rev} -m 'tieaudit {rev}'"
+    )
+    tagged = tomllib.loads(git("show", f"{rev}:pyproject.toml"))["project"]["version"]
+    assert tagged == VERSION, f"the tag {rev} is on a commit whose version is {tagged}"
 
 
 def job_steps() -> list[dict[str, object]]:
@@ -255,7 +273,9 @@ def job_steps() -> list[dict[str, object]]:
     return steps
 
 
-def run_job(steps: list[dict[str, object]], repository: Path, python: Path) -> list[tuple[str, int]]:
+def run_job(
+    steps: list[dict[str, object]], repository: Path, python: Path, hosted: Path
+) -> list[tuple[str, int]]:
     """The job as Actions runs it: steps in order; after a failure only `!cancelled()`/`always()` steps.
     Stand-ins: checkout (the folder is the repository), setup-python (a fresh venv), upload-sarif (the
     file it names must be SARIF 2.1.0)."""
@@ -280,7 +300,7 @@ def run_job(steps: list[dict[str, object]], repository: Path, python: Path) -> l
         elif "run" in step:
             env = clean_env([str(python / "bin")])
             done = subprocess.run(
-                ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", local(str(step["run"]))],
+                ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", local(str(step["run"]), hosted)],
                 cwd=repository, env=env, capture_output=True, text=True, timeout=300, check=False,
             )  # fmt: skip
             status = done.returncode
@@ -294,7 +314,7 @@ def run_job(steps: list[dict[str, object]], repository: Path, python: Path) -> l
     return ran
 
 
-def test_the_actions_job_runs(corpus: Corpus, tmp_path: Path) -> None:
+def test_the_actions_job_runs(corpus: Corpus, hosted: Path, tmp_path: Path) -> None:
     """A copy fails the job at the check step, the SARIF is uploaded anyway and names only the copy (the
     clean model folder beside it has no result)."""
     steps = job_steps()
@@ -303,7 +323,7 @@ def test_the_actions_job_runs(corpus: Corpus, tmp_path: Path) -> None:
     shutil.copy(corpus.path("st_cloned_head"), repository / "models" / "cloned.safetensors")
     shutil.copytree(corpus.path("hf_llama_tied"), repository / "models" / "llama")
     python = tmp_path / "python"
-    ran = run_job(steps, repository, python)
+    ran = run_job(steps, repository, python, hosted)
     assert len(ran) == len(steps)
     install = [status for command, status in ran if installs_tieaudit(command)]
     assert install == [0]
