@@ -24,6 +24,7 @@ from tieaudit.core.errors import UnsupportedFormatError
 from tieaudit.core.records import Checkpoint
 from tieaudit.formats.hf_dir import WeightSet, confined_path, load_json
 from tieaudit.repair.plan import RetiePlan
+from tieaudit.repair.torch_sink import save
 from tieaudit.repair.torch_writer import load_weights, refuse_placeholders, retied, torch_module
 
 
@@ -65,7 +66,7 @@ def write_bin_weights(
         )
         target = os.path.join(out, file)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        torch.save(root, target)
+        save(torch, root, target, inputs=[confined_path(ckpt.path, f) for f in weights.files])
         written.append(target)
     return written, moved
 

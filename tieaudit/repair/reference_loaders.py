@@ -258,6 +258,7 @@ class _Torch(Loaded):
     def __init__(self, paths: list[str]) -> None:
         import torch
 
+        from tieaudit.repair.torch_sink import file_mappings
         from tieaudit.repair.torch_writer import load_weights, named_tensors
 
         self._tensors: dict[str, Any] = {}
@@ -269,6 +270,7 @@ class _Torch(Loaded):
             for name, tensor in named_tensors(torch, root).items():
                 self._tensors.setdefault(name, tensor)
         self._torch = torch
+        self._mappings = file_mappings(paths)  # the output's pages, given back after each tensor
         self.names = frozenset(self._tensors)
 
     def dtype_shape(self, name: str) -> tuple[str, tuple[int, ...]]:
@@ -288,7 +290,12 @@ class _Torch(Loaded):
                 array = part.view(getattr(self._torch, same_width or "uint8")).numpy()
             return array
 
-        yield block
+        from tieaudit.repair.torch_sink import release_tensor
+
+        try:
+            yield block
+        finally:
+            release_tensor(tensor, self._mappings)
 
 
 def load_reference(out: str, written: Checkpoint) -> Loaded | None:

@@ -25,6 +25,7 @@ from tieaudit.formats.torch_file import key_name as key_name  # the reader's nam
 from tieaudit.repair.interface import Writer
 from tieaudit.repair.optimizer_plan import apply_edits
 from tieaudit.repair.plan import Decision, RetiePlan
+from tieaudit.repair.torch_sink import save
 
 VisitLeaf = Callable[[str, Any], Any]
 """Called with each leaf's dotted name and value; returns the value to put in its place."""
@@ -177,5 +178,5 @@ class TorchWriter(Writer):
 
         root = retied(torch, load_weights(ckpt.path), plan, path=ckpt.path)
         apply_edits(root, plan.optimizer_edits)
-        torch.save(root, out)
+        save(torch, root, out, inputs=[ckpt.path])  # input pages released as they are written
         return [out]
