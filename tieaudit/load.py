@@ -8,6 +8,7 @@ storage, so names that share a storage in the file share one in memory too.
 from __future__ import annotations
 
 import os
+import warnings
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -25,6 +26,7 @@ from tieaudit.repair.convert_plan import ConvertPlan, Shared
 from tieaudit.repair.publish import check_paths
 from tieaudit.repair.restore import Source, restored_array, sources
 from tieaudit.repair.retie import write_and_publish
+from tieaudit.repair.torch_sink import save
 
 if TYPE_CHECKING:
     import torch
@@ -49,10 +51,14 @@ def _bytes_tensor(array: np.ndarray) -> torch.Tensor:
 
 
 class _StorageCopies:
-    """One uint8 torch copy per storage; tensors are typed, strided views of it."""
+    """One uint8 torch copy per storage; tensors are typed, strided views of it.
 
-    def __init__(self, opened: OpenCheckpoint) -> None:
+    With ``in_place``, no copy: the storage is a read-only view of the file's mapping, for writing
+    it out again (``torch_sink.save`` gives its pages back as it goes); nothing may modify it."""
+
+    def __init__(self, opened: OpenCheckpoint, *, in_place: bool = False) -> None:
         self.opened = opened
+        self.in_place = in_place
         self.storages: dict[str, torch.Tensor] = {}
         self.views: dict[ViewKey, torch.Tensor] = {}
 
@@ -61,8 +67,13 @@ class _StorageCopies:
 
         if storage_id not in self.storages:
             buffer = self.opened.store.buffer(self.opened.checkpoint.storages[storage_id])
-            copied = np.array(np.frombuffer(buffer, dtype=np.uint8))  # out of the mmap
-            self.storages[storage_id] = torch.from_numpy(copied)
+            if self.in_place and len(buffer):
+                with warnings.catch_warnings():  # "non-writable buffer": it is only read, by torch.save
+                    warnings.simplefilter("ignore", UserWarning)
+                    self.storages[storage_id] = torch.frombuffer(buffer, dtype=torch.uint8)
+            else:
+                copied = np.array(np.frombuffer(buffer, dtype=np.uint8))  # out of the mmap
+                self.storages[storage_id] = torch.from_numpy(copied)
         return self.storages[storage_id]
 
     def view(self, tensor: TensorInfo) -> torch.Tensor:
@@ -117,7 +128,8 @@ def convert_to_torch(source: str, out: str | None, *, dry_run: bool = False) -> 
     """A safetensors file -> a torch.save file (OUT ending in .pt, .bin, ...) whose recorded ties are
     real aliasing again: ``{dropped: kept}`` names are the kept tensor itself (one storage), a
     transposed record a view of it (as retie writes .pt), a cast record its own tensor. The
-    reverse of ``repair.convert.convert``; it holds the model in memory (torch.save does).
+    reverse of ``repair.convert.convert``; tensors are views of the input's mapping, written by
+    ``torch_sink.save``: resident memory stays about one tensor.
 
     Verified and published like convert: the written file is read back (tieaudit's torch reader,
     then torch.load(weights_only=True)) and every name the input provides compared bit for bit.
@@ -165,12 +177,13 @@ def convert_to_torch(source: str, out: str | None, *, dry_run: bool = False) -> 
             return ConvertResult(plan=plan, written=None, files=files)
 
         def write(staged: str) -> list[str]:
-            copies = _StorageCopies(opened)
+            copies = _StorageCopies(opened, in_place=True)
             state: dict[str, torch.Tensor] = {t.name: copies.view(t) for t in ckpt.tensors}
             for name, where in found.items():
                 if name not in state:
                     state[name] = _restored(opened, where, state[where.name])
-            torch.save(state, staged)
+            inputs = [os.path.join(os.path.dirname(ckpt.path), file) for file in ckpt.files]
+            save(torch, state, staged, inputs=inputs)  # input pages given back behind each chunk
             return [staged]
 
         try:
