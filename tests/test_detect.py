@@ -39,6 +39,31 @@ def test_transposed_copy_found(tmp_path: Path, emb: torch.Tensor) -> None:
     assert found == [("wte", "onnx::MatMul_1", "transposed")]
 
 
+@pytest.mark.parametrize("rows", [5000, 7])  # the wide one read as strips by pread; a tiny one
+def test_a_transposed_copy_is_compared_through_strips_read_by_pread(tmp_path: Path, rows: int) -> None:
+    """Strips of the wide matrix come from read_runs (no page of the map touched), for either
+    order of the pair; a last-element difference is still seen."""
+    from tieaudit.core.bytestore import ByteStore
+
+    wide = torch.randn(rows, 96, generator=torch.Generator().manual_seed(1))
+    calls: list[int] = []
+    original = ByteStore.read_runs
+
+    def counted(self: ByteStore, *args: object, **kwargs: object) -> bool:
+        calls.append(1)
+        return original(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    ByteStore.read_runs = counted  # type: ignore[method-assign]
+    try:
+        assert copies(tmp_path, {"a": wide, "b": wide.t()}) == [("a", "b", "transposed")]
+        assert calls
+        changed = wide.t().contiguous()
+        changed[-1, -1] += 1
+        assert copies(tmp_path, {"a": wide, "b": changed}) == []
+    finally:
+        ByteStore.read_runs = original  # type: ignore[method-assign]
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_cast_copy_found_and_wide_kept(tmp_path: Path, emb: torch.Tensor, dtype: torch.dtype) -> None:
     found = copies(tmp_path, {"a_half": emb.to(dtype), "b_full": emb})

@@ -398,3 +398,30 @@ def test_an_audit_holds_metadata_only_and_pickles(tmp_path: Path) -> None:
     again = pickle.loads(pickle.dumps(audit))
     assert again.findings == audit.findings and again.summary() == audit.summary()
     assert again.graph.checkpoint.tensors == audit.graph.checkpoint.tensors
+
+
+def test_same_transposed_compares_bits_in_tiles_including_ragged_edges() -> None:
+    """Shapes that are not multiples of the tile, every item size, and a difference in the last
+    ragged tile, in the first, and one that is only a sign of zero or a NaN payload."""
+    from tieaudit.graph.compare import TILE
+
+    comparer = BlockComparer()
+    rng = np.random.default_rng(0)
+    for dtype in (np.uint8, np.float16, np.float32, np.float64, np.complex128):
+        block = rng.standard_normal((TILE + 37, 2 * TILE + 5)).astype(dtype)
+        strip = np.ascontiguousarray(block.T)
+        assert comparer.same_transposed(block, strip)
+        assert comparer.same_transposed(block, block.T)  # a strided strip (a view of the map)
+        for row, column in ((0, 0), (TILE + 36, 2 * TILE + 4), (TILE, 3)):
+            changed = strip.copy()
+            changed.view(np.uint8).reshape(changed.shape[0], -1)[column, row * changed.itemsize] ^= 1
+            assert not comparer.same_transposed(block, changed), (dtype, row, column)
+    zeros = np.zeros((3, 300), np.float32)
+    negative = zeros.T.copy()
+    negative[299, 2] = -0.0
+    assert not comparer.same_transposed(zeros, negative)
+    quiet = np.full((2, 2), np.nan, np.float32)
+    payload = quiet.copy()
+    payload.view(np.uint32)[1, 0] = 0x7FC00001
+    assert not comparer.same_transposed(quiet, payload)
+    assert not comparer.same_transposed(zeros, zeros)  # (3, 300) is not (300, 3)
