@@ -24,8 +24,9 @@ from conftest import ROOT, Corpus
 from tieaudit.cli.main import main
 from tieaudit.core.errors import UsageError
 from tieaudit.core.version import __version__
-from tieaudit.gate.dask_executor import ClusterError, _check_workers
+from tieaudit.gate.dask_executor import ClusterError, _check_workers, connect
 from tieaudit.gate.discover import PathError, discover
+from tieaudit.gate.progress import ProgressBar
 from tieaudit.gate.tasks import audit_one
 from tieaudit.report import render
 from tieaudit.rules.policy import Policy, load_policy
@@ -202,3 +203,36 @@ def test_policy_audit_and_path_error_pickle(corpus: Corpus, tmp_path: Path) -> N
         assert render(back, "json") == render(outcome, "json")
     error = audit_one(str(tmp_path / "missing.safetensors"), Policy())
     assert isinstance(error, PathError) and pickle.loads(pickle.dumps(error)) == error
+
+
+class InterruptedBar(ProgressBar):
+    """A progress bar whose first advance is Ctrl-C (KeyboardInterrupt), as a user pressing it."""
+
+    def advance(self, count: int = 1) -> None:
+        super().advance(count)
+        raise KeyboardInterrupt
+
+
+def test_every_outcome_advances_the_bar_and_ctrl_c_cancels_the_tasks(
+    scheduler: str, corpus: Corpus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    work = [(t.path, Policy()) for t in discover([str(corpus.root)]).targets]
+    with connect(scheduler, connect_timeout=10) as executor:
+        with ProgressBar(len(work), enabled=False) as bar:
+            outcomes = executor.audit(work, bar)
+        assert bar.done == len(work) == len(outcomes)
+        assert [o.graph.checkpoint.path for o in outcomes if not isinstance(o, PathError)] == [
+            p for p, _ in work
+        ]
+        submitted: list[Any] = []
+        mapped = executor.client.map
+
+        def keep(*args: Any, **kwargs: Any) -> Any:
+            submitted.extend(mapped(*args, **kwargs))
+            return submitted
+
+        monkeypatch.setattr(executor.client, "map", keep)
+        with pytest.raises(KeyboardInterrupt):
+            executor.audit(work, InterruptedBar(len(work), enabled=False))
+        assert len(submitted) == len(work)
+        assert {f.status for f in submitted} == {"cancelled"}
