@@ -24,7 +24,7 @@ from conftest import ROOT, Corpus
 from tieaudit.cli.main import main
 from tieaudit.core.errors import UsageError
 from tieaudit.core.version import __version__
-from tieaudit.gate.dask_executor import ClusterError, _check_workers, connect
+from tieaudit.gate.dask_executor import DIED, ClusterError, DaskExecutor, _check_workers, connect
 from tieaudit.gate.discover import PathError, discover
 from tieaudit.gate.progress import ProgressBar
 from tieaudit.gate.tasks import audit_one
@@ -236,3 +236,28 @@ def test_every_outcome_advances_the_bar_and_ctrl_c_cancels_the_tasks(
             executor.audit(work, InterruptedBar(len(work), enabled=False))
         assert len(submitted) == len(work)
         assert {f.status for f in submitted} == {"cancelled"}
+
+
+class Failed:
+    """A finished future whose result() raises what a task or the cluster raised."""
+
+    def __init__(self, raised: BaseException) -> None:
+        self.raised = raised
+
+    def result(self) -> Any:
+        raise self.raised
+
+
+def test_what_a_task_raises_becomes_an_error_for_its_path_or_one_line() -> None:
+    from distributed.comm.core import CommClosedError
+    from distributed.scheduler import KilledWorker
+
+    executor = DaskExecutor(client=None, where="dask://h:1")
+    died = executor._outcome(Failed(KilledWorker("audit_one-1", None, 3)), "models/a.pt")  # type: ignore[arg-type]
+    assert died == PathError(path="models/a.pt", message=DIED)
+    with pytest.raises(ClusterError, match=r"^dask://h:1: lost the Dask scheduler \(.*in transit"):
+        executor._outcome(Failed(CommClosedError("in transit")), "models/a.pt")
+    with pytest.raises(ClusterError, match=r"^dask://h:1: a Dask worker cannot import a module \(No module"):
+        executor._outcome(Failed(ModuleNotFoundError("No module named 'onnx'")), "models/a.onnx")
+    with pytest.raises(ZeroDivisionError):  # a tieaudit bug on a worker stays a bug (exit 3, traceback)
+        executor._outcome(Failed(ZeroDivisionError()), "models/a.pt")

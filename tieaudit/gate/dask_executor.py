@@ -69,7 +69,7 @@ def _check_workers(client: Any, where: str) -> None:
     try:
         versions: dict[str, str] = client.run(worker_version)
     except Exception as exc:  # Dask wraps what the worker raised (ModuleNotFoundError) in Exception
-        raise ClusterError(f"{where}: {_no_tieaudit(exc)}") from None
+        raise ClusterError(f"{where}: a Dask worker cannot import tieaudit {_install(exc)}") from None
     other = {worker: version for worker, version in versions.items() if version != __version__}
     if other:
         worker, version = sorted(other.items())[0]
@@ -79,10 +79,10 @@ def _check_workers(client: Any, where: str) -> None:
         )
 
 
-def _no_tieaudit(exc: BaseException) -> str:
+def _install(exc: BaseException) -> str:
     return (
-        f"a Dask worker cannot import tieaudit ({one_line(exc, 200)}): install it (the same version, with "
-        "the extras its checkpoints need) in every worker's environment"
+        f"({one_line(exc, 200)}): install tieaudit (this version, with the extras the checkpoints need) "
+        "in every worker's environment"
     )
 
 
@@ -122,7 +122,7 @@ class DaskExecutor:
             with contextlib.suppress(Exception):
                 self.client.cancel(futures)
             raise
-        return [outcome for outcome in outcomes if outcome is not None]
+        return [outcome for outcome in outcomes if outcome is not None]  # none is: every future finished
 
     def _outcome(self, future: Any, given: str) -> Audit | PathError:
         """The task's outcome; a worker that died with it is an error for that path, a lost
@@ -133,8 +133,10 @@ class DaskExecutor:
             outcome: Audit | PathError = future.result()
         except KilledWorker:
             return PathError(path=given, message=DIED)
-        except ImportError as exc:
-            raise ClusterError(f"{self.where}: {_no_tieaudit(exc)}") from None
+        except ImportError as exc:  # a worker without tieaudit, or without an extra an audit needs
+            raise ClusterError(
+                f"{self.where}: a Dask worker cannot import a module {_install(exc)}"
+            ) from None
         except TieauditError:
             raise
         except (OSError, TimeoutError) as exc:  # CommClosedError is an OSError
