@@ -16,8 +16,8 @@ from conftest import Corpus
 from safetensors.numpy import save_file
 
 from tieaudit.cli.main import cli, main
-from tieaudit.gate.check import chunks
 from tieaudit.gate.discover import discover, glob_matches
+from tieaudit.gate.executors import chunks
 from tieaudit.gate.progress import ProgressBar
 from tieaudit.rules.policy import Policy
 

@@ -70,6 +70,15 @@ def test_check_runtime_without_onnxruntime_fails_once(corpus: Any) -> None:
     )
 
 
+def test_check_on_dask_without_the_dask_extra_fails_once_before_connecting(corpus: Any) -> None:
+    done = hidden("dask,distributed", "check", "--executor", "dask://127.0.0.1:1", str(corpus.root))
+    assert one_error_line(done) == (
+        "tieaudit: error: check --executor dask:// needs dask and distributed, which are not installed: "
+        "pip install 'tieaudit[dask]'"
+    )
+    assert done.stdout == "hidden-import-attempt dask\nhidden-import-attempt distributed\n"
+
+
 def test_check_without_runtime_needs_no_onnxruntime(corpus: Any) -> None:
     done = hidden("onnxruntime,torch,transformers", "check", str(corpus.path("onnx_helper_shared")))
     assert done.returncode in (0, 1), done.stderr
@@ -138,7 +147,7 @@ def test_require_passes_for_installed_modules_and_maps_each_to_its_extra() -> No
         "pip install 'tieaudit[transformers_not_a_module_xyz,onnxscript_not_either]'"
     )
     assert EXTRA_OF == {"torch": "torch", "transformers": "transformers", "onnxruntime": "runtime",
-                        "onnxscript": "export"}
+                        "onnxscript": "export", "dask": "dask", "distributed": "dask"}
 
 
 def test_a_broken_install_is_named_with_its_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -59,6 +59,9 @@ NOT_RUN = {
     "tests/test_terminal.py::test_shell_completion generates the zsh source",
     ". .venv/bin/activate": "needs the .venv of make; test_make_installs_the_command_into_venv_bin checks "
     "that make installs the tieaudit command there",
+    "tieaudit check models/ --executor dask://scheduler:8786 --exclude 'models/legacy/**' --format sarif "
+    "-o tieaudit.sarif": "needs a running Dask scheduler; tests/test_executor_dask.py runs check on a "
+    "LocalCluster and compares its JSON and SARIF with --jobs 1 (test_host_port_without_protocol_and_sarif)",
 }
 # Languages of fenced blocks, and how each is covered.
 KINDS = {

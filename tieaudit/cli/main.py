@@ -31,6 +31,7 @@ from tieaudit.core.errors import TieauditError
 from tieaudit.core.exit_codes import ExitCode
 from tieaudit.core.units import agree, plural
 from tieaudit.core.version import __version__
+from tieaudit.gate.executors import CONNECT_TIMEOUT_S
 from tieaudit.graph import DEFAULT_MIN_BYTES
 
 
@@ -151,6 +152,24 @@ def _not_one_model(path: str, checkpoints: tuple[str, ...]) -> None:
     help="Checkpoints audited at once, each in a process of its own (1: in this one). [default: CPU count]",
 )
 @click.option(
+    "--executor",
+    default="local",
+    show_default=True,
+    metavar="URL",
+    help="Where the audits run: local (this machine, --jobs processes), or dask://HOST:PORT, the "
+    "workers of a running Dask scheduler (one task per checkpoint; needs the dask extra here and "
+    "tieaudit on every worker, which reads each PATH at its absolute path: a shared filesystem). "
+    "The report and the exit code are the same; --jobs is ignored with a warning.",
+)
+@click.option(
+    "--connect-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=CONNECT_TIMEOUT_S,
+    show_default=True,
+    metavar="SECONDS",
+    help="With --executor dask://, how long reaching the scheduler may take before exit 2.",
+)
+@click.option(
     "--baseline",
     "baseline_path",
     type=click.Path(dir_okay=False),
@@ -208,6 +227,8 @@ def check(
     ignored: tuple[str, ...],
     exclude: tuple[str, ...],
     jobs: int | None,
+    executor: str,
+    connect_timeout: float,
     baseline_path: str | None,
     write_baseline_path: str | None,
     runtime: bool,
@@ -226,10 +247,11 @@ def check(
     folders (hidden folders skipped); in a model folder, every file its reader does not
     read (an onnx/ export, a variant safetensors, a .ckpt) is audited on its own. Every
     other file is skipped with a reason, counted in the closing line (--show-files lists
-    them). Checkpoints are audited in parallel, in --jobs processes. A PATH that does
-    not exist and reads as a repository id (org/name[@revision]) is its snapshot in the
-    local Hugging Face cache ($HF_HUB_CACHE, else $HF_HOME/hub), read offline, never
-    downloaded; a note names the snapshot audited.
+    them). Checkpoints are audited in parallel, in --jobs processes, or on the workers of
+    a Dask cluster (--executor dask://HOST:PORT). A PATH that does not exist and reads
+    as a repository id (org/name[@revision]) is its snapshot in the local Hugging Face
+    cache ($HF_HUB_CACHE, else $HF_HOME/hub), read offline, never downloaded; a note
+    names the snapshot audited.
 
     Finds copies that should be ties (TIE001: equal, transposed, or cast to lower
     precision), declared ties that are broken (TIE002) or orphaned (TIE003),
@@ -250,6 +272,7 @@ def check(
       tieaudit check model.safetensors
       tieaudit check ./release-llama --fail-on error --format json -o audit.json
       tieaudit check models/ --exclude 'models/legacy/**' --jobs 4 --policy tieaudit.toml
+      tieaudit check /shared/models --executor dask://scheduler:8786 --format json -o audit.json
       tieaudit check models/ --format sarif -o tieaudit.sarif
       tieaudit check models/ --format markdown >> "$GITHUB_STEP_SUMMARY"
       tieaudit check models/ --format github --quiet
@@ -263,7 +286,7 @@ def check(
     import dataclasses
 
     from tieaudit.gate.baseline import fingerprint_root, load_baseline, write_baseline
-    from tieaudit.gate.check import default_jobs, run_check
+    from tieaudit.gate.check import run_check
     from tieaudit.rules.policy import load_policy
 
     policy = load_policy(policy_path).overridden(fail_on, min_size, ignored)
@@ -282,7 +305,9 @@ def check(
         paths,
         policy,
         exclude=exclude,
-        jobs=jobs or default_jobs(),
+        jobs=jobs,
+        executor=executor,
+        connect_timeout=connect_timeout,
         baseline=baseline,
         fingerprint_root=root,
         progress=sys.stderr.isatty() and not quiet,

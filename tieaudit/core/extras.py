@@ -1,8 +1,9 @@
 """Optional dependencies: which extra installs each, and one check before a command uses them.
 
 ``require`` is called once, before any work, by each entry point that needs an extra (export,
-runtime, check --runtime, load_tied, writing PyTorch files); a missing module becomes one line naming
-the ``pip install`` that fixes it (``MissingExtra``, exit 2 from the CLI), never a traceback.
+runtime, check --runtime, check --executor dask://, load_tied, writing PyTorch files); a missing
+module becomes one line naming the ``pip install`` that fixes it (``MissingExtra``, exit 2 from
+the CLI), never a traceback.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ EXTRA_OF = {
     "transformers": "transformers",
     "onnxruntime": "runtime",
     "onnxscript": "export",
+    "dask": "dask",
+    "distributed": "dask",
 }
 """Module -> the extra of pyproject.toml that installs it."""
 

@@ -2,45 +2,27 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import importlib
-import multiprocessing
 import os
-import signal
 from collections.abc import Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
-from tieaudit.audit import Audit, audit_path
-from tieaudit.core.errors import ExternalDataError, LfsPointerError, TieauditError, UsageError
+from tieaudit.audit import Audit
+from tieaudit.core.errors import UsageError
 from tieaudit.core.exit_codes import ExitCode
 from tieaudit.formats.hf_cache import CacheSnapshot
 from tieaudit.gate.baseline import Baseline, fingerprint
 from tieaudit.gate.discover import Discovery, PathError, discover
+from tieaudit.gate.executors import CONNECT_TIMEOUT_S, open_executor
 from tieaudit.gate.files import LFS_POINTER, FileVerdict
 from tieaudit.gate.glob_use import policy_glob_warnings
 from tieaudit.gate.progress import ProgressBar
+from tieaudit.gate.tasks import Executor, Outcomes, Work
 from tieaudit.gate.verdicts import data_covered, final_verdicts, lfs_skip
 from tieaudit.rules.finding import Finding, Severity
 from tieaudit.rules.policy import Policy
 
 __all__ = ["CheckResult", "CheckSummary", "Checked", "PathError", "run_check"]
-
-PRELOAD = (
-    "tieaudit.rules.registry",
-    "tieaudit.formats.safetensors",
-    "tieaudit.formats.torch_file",
-    "tieaudit.formats.onnx_model",
-    "tieaudit.formats.hf_dir",
-)
-"""Modules every audit imports lazily; imported before forking workers."""
-
-Work = list[tuple[str, Policy]]
-"""Checkpoint paths with the policy each is audited under."""
-Outcomes = list[Audit | PathError]
-"""One per path of the Work, in its order."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,121 +132,10 @@ class CheckSummary:
         return dataclasses.asdict(self)
 
 
-def _message(path: str, exc: TieauditError) -> str:
-    """The error's line for path: a file inside it (a model folder's shard) named first."""
-    if not exc.path or os.path.abspath(exc.path) == os.path.abspath(path):
-        return exc.message if exc.path else str(exc)
-    inner = os.path.relpath(os.path.abspath(exc.path), os.path.abspath(path))
-    return f"{inner if not inner.startswith('..') else exc.path}: {exc.message}"
-
-
-def audit_one(path: str, policy: Policy) -> Audit | PathError:
-    """Audit one checkpoint under its policy; bad input becomes a PathError (runs in a worker)."""
-    try:
-        return audit_path(path, policy)
-    except TieauditError as exc:
-        return PathError(
-            path=path,
-            message=_message(path, exc),
-            lfs_pointer=isinstance(exc, LfsPointerError),
-            data_of=exc.models if isinstance(exc, ExternalDataError) else (),
-        )
-
-
-def _quiet_worker() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle, once
-
-
-def audit_chunk(work: Work) -> Outcomes:
-    """Several audits in one task: a task costs a round trip, small checkpoints take ~1 ms."""
-    return [audit_one(path, policy) for path, policy in work]
-
-
-def _stored_bytes(path: str) -> int:
-    try:
-        if os.path.isdir(path):
-            return sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
-        return os.path.getsize(path)
-    except OSError:
-        return 0
-
-
-def chunks(work: Work, workers: int) -> list[Work]:
-    """Consecutive runs of about 1/(4 x workers) of the bytes each: few round trips, and a
-    large checkpoint gets a task of its own so the others keep every worker busy."""
-    sizes = [_stored_bytes(path) for path, _ in work]
-    budget = max(1, sum(sizes) // (4 * workers))
-    result: list[Work] = [[]]
-    filled = 0
-    for item, size in zip(work, sizes, strict=True):
-        if result[-1] and filled + size > budget:
-            result.append([])
-            filled = 0
-        result[-1].append(item)
-        filled += size
-    return result
-
-
-def _collect(future: Future[Outcomes], chunk: Work) -> Outcomes:
-    try:
-        return future.result()
-    except BrokenProcessPool:
-        died = "the audit process died before finishing (out of memory?)"
-        return [PathError(path=path, message=died) for path, _ in chunk]
-
-
-def _preload(paths: list[str]) -> None:
-    """Import what every worker needs once, here: forked workers share it instead of each paying."""
-    modules = list(PRELOAD)
-    if any(path.endswith(".onnx") for path in paths):
-        modules.append("onnx")  # the ONNX reader's own lazy import, ~0.3 s per process otherwise
-    for module in modules:
-        with contextlib.suppress(ImportError):  # a speed-up only: a worker importing it reports why
-            importlib.import_module(module)
-
-
-def _audit_in_pool(work: Work, workers: int, bar: ProgressBar) -> Outcomes:
-    _preload([path for path, _ in work])
-    parts = chunks(work, workers)
-    # fork: workers inherit the imported modules, and no thread runs yet (the bar starts later).
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
-    context = multiprocessing.get_context(method)
-    pool = ProcessPoolExecutor(min(workers, len(parts)), context, initializer=_quiet_worker)
-    try:
-        futures = {pool.submit(audit_chunk, part): i for i, part in enumerate(parts)}
-        outcomes: list[Outcomes] = [[] for _ in parts]
-        pending = set(futures)
-        while pending:
-            done, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
-            for future in done:
-                index = futures[future]
-                outcomes[index] = _collect(future, parts[index])
-                bar.advance(len(parts[index]))
-            bar.tick()
-    except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown()
-    return [outcome for part in outcomes for outcome in part]
-
-
-def audit_all(work: Work, jobs: int, progress: bool) -> Outcomes:
-    """Audit (path, policy) pairs, in order; jobs > 1 runs them in that many processes."""
+def audit_all(work: Work, executor: Executor, progress: bool) -> Outcomes:
+    """Audit (path, policy) pairs on executor, in order, with a progress bar when asked."""
     with ProgressBar(len(work), enabled=progress) as bar:
-        if jobs <= 1 or len(work) <= 1:
-            outcomes: Outcomes = []
-            for path, policy in work:
-                outcomes.append(audit_one(path, policy))
-                bar.advance()
-            return outcomes
-        return _audit_in_pool(work, min(jobs, len(work)), bar)
-
-
-def default_jobs() -> int:
-    """The CPUs this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return os.cpu_count() or 1
+        return executor.audit(work, bar)
 
 
 def run_check(
@@ -272,25 +143,30 @@ def run_check(
     policy: Policy,
     *,
     exclude: Sequence[str] = (),
-    jobs: int = 1,
+    jobs: int | None = None,
+    executor: str = "local",
+    connect_timeout: float = CONNECT_TIMEOUT_S,
     baseline: Baseline | None = None,
     fingerprint_root: str = ".",
     progress: bool = False,
     skip_lfs_pointers: bool = False,
 ) -> CheckResult:
     """Audit every checkpoint the arguments name; a bad path is recorded, never stops the others.
-    With skip_lfs_pointers a Git LFS pointer (or a model folder holding one) is skipped, not an error."""
+    With skip_lfs_pointers a Git LFS pointer (or a model folder holding one) is skipped, not an error.
+    executor: where the audits run (``local``: jobs processes, default the CPU count; ``dask://ADDRESS``:
+    that Dask scheduler's workers, reached within connect_timeout seconds); the result is the same."""
     if policy.runtime:  # once, before any audit, not once per ONNX file
         from tieaudit.runtime.measure import require_runtime
 
         require_runtime("check --runtime")
-    found = discover(arguments, exclude, base=policy.root)
-    if not found.targets and not found.errors:
-        raise UsageError(
-            f"nothing scanned: no checkpoints under {', '.join(arguments)}{_why_none(found.files, exclude)}"
-        )
-    policies = [policy.for_path(t.path) for t in found.targets]
-    outcomes = audit_all([(t.path, p) for t, p in zip(found.targets, policies, strict=True)], jobs, progress)
+    with open_executor(executor, jobs=jobs, connect_timeout=connect_timeout) as (runner, ignored):
+        found = discover(arguments, exclude, base=policy.root)
+        if not found.targets and not found.errors:
+            why = _why_none(found.files, exclude)
+            raise UsageError(f"nothing scanned: no checkpoints under {', '.join(arguments)}{why}")
+        policies = [policy.for_path(t.path) for t in found.targets]
+        work = [(t.path, p) for t, p in zip(found.targets, policies, strict=True)]
+        outcomes = audit_all(work, runner, progress)
     audited = {
         os.path.abspath(t.path) for t, o in zip(found.targets, outcomes, strict=True) if isinstance(o, Audit)
     }
@@ -336,7 +212,7 @@ def run_check(
         files=final_verdicts(found.files, found.targets, resolved),
         skipped_pointers=tuple(pointers),
         from_cache=found.from_cache,
-        warnings=_warnings(found, policy, arguments, exclude=exclude),
+        warnings=ignored + _warnings(found, policy, arguments, exclude=exclude),
     )
 
 

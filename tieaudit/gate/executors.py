@@ -1,0 +1,157 @@
+"""Where check's audits run: in this process, in local worker processes (--jobs), or on an existing
+Dask cluster (--executor dask://HOST:PORT). Each maps the pure ``audit_one`` over (path, policy) pairs
+and returns the outcomes in the order given, so everything after them is the same code."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import multiprocessing
+import os
+import signal
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Any
+
+from tieaudit.core.errors import UsageError
+from tieaudit.gate.discover import PathError
+from tieaudit.gate.progress import ProgressBar
+from tieaudit.gate.tasks import Executor, Outcomes, Work, audit_chunk, audit_one
+
+PRELOAD = (
+    "tieaudit.rules.registry",
+    "tieaudit.formats.safetensors",
+    "tieaudit.formats.torch_file",
+    "tieaudit.formats.onnx_model",
+    "tieaudit.formats.hf_dir",
+)
+"""Modules every audit imports lazily; imported before forking workers."""
+
+SCHEMES = "local, dask://HOST:PORT (or dask://tcp://HOST:PORT, dask://tls://...)"
+"""The --executor values, for the refusal of any other."""
+CONNECT_TIMEOUT_S = 10.0
+"""How long reaching a Dask scheduler may take before check gives up (--connect-timeout)."""
+DIED = "the audit process died before finishing (out of memory?)"
+
+
+@dataclass(frozen=True)
+class LocalExecutor:
+    """This machine: in this process (jobs 1), else in jobs forked worker processes."""
+
+    jobs: int
+
+    def audit(self, work: Work, bar: ProgressBar) -> Outcomes:
+        """Audit every (path, policy) here; consecutive small checkpoints share a process task."""
+        if self.jobs <= 1 or len(work) <= 1:
+            outcomes: Outcomes = []
+            for path, policy in work:
+                outcomes.append(audit_one(path, policy))
+                bar.advance()
+            return outcomes
+        return _audit_in_pool(work, min(self.jobs, len(work)), bar)
+
+
+def default_jobs() -> int:
+    """The CPUs this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def open_executor(
+    url: str, *, jobs: int | None = None, connect_timeout: float = CONNECT_TIMEOUT_S
+) -> Iterator[tuple[Executor, tuple[str, ...]]]:
+    """The executor url names, ready, with a warning for each option it ignores; closed on exit.
+    ``local``: this machine, in jobs processes (None: one per CPU). ``dask://ADDRESS``: the workers of
+    the Dask scheduler at ADDRESS (HOST:PORT, or with its protocol: tcp://HOST:PORT, tls://...),
+    reached within connect_timeout seconds; the cluster sets the parallelism, so jobs is ignored.
+    Anything else: UsageError naming the executors there are."""
+    if url == "local":
+        yield LocalExecutor(default_jobs() if jobs is None else jobs), ()
+        return
+    address = url.removeprefix("dask://")
+    if address == url or not address:
+        raise UsageError(f"--executor {url}: not an executor tieaudit has; use {SCHEMES}")
+    from tieaudit.gate.dask_executor import connect
+
+    ignored: tuple[str, ...] = ()
+    if jobs is not None:
+        ignored = (
+            f"--jobs {jobs} is ignored with --executor {url}: its workers set how many audits run at once",
+        )
+    with connect(address, connect_timeout=connect_timeout) as executor:
+        yield executor, ignored
+
+
+def _quiet_worker() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle, once
+
+
+def _stored_bytes(path: str) -> int:
+    try:
+        if os.path.isdir(path):
+            return sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def chunks(work: Work, workers: int) -> list[Work]:
+    """Consecutive runs of about 1/(4 x workers) of the bytes each: few round trips, and a
+    large checkpoint gets a task of its own so the others keep every worker busy."""
+    sizes = [_stored_bytes(path) for path, _ in work]
+    budget = max(1, sum(sizes) // (4 * workers))
+    result: list[Work] = [[]]
+    filled = 0
+    for item, size in zip(work, sizes, strict=True):
+        if result[-1] and filled + size > budget:
+            result.append([])
+            filled = 0
+        result[-1].append(item)
+        filled += size
+    return result
+
+
+def _collect(future: Future[Outcomes], chunk: Work) -> Outcomes:
+    try:
+        return future.result()
+    except BrokenProcessPool:
+        return [PathError(path=path, message=DIED) for path, _ in chunk]
+
+
+def _preload(paths: list[str]) -> None:
+    """Import what every worker needs once, here: forked workers share it instead of each paying."""
+    modules = list(PRELOAD)
+    if any(path.endswith(".onnx") for path in paths):
+        modules.append("onnx")  # the ONNX reader's own lazy import, ~0.3 s per process otherwise
+    for module in modules:
+        with contextlib.suppress(ImportError):  # a speed-up only: a worker importing it reports why
+            importlib.import_module(module)
+
+
+def _audit_in_pool(work: Work, workers: int, bar: ProgressBar) -> Outcomes:
+    _preload([path for path, _ in work])
+    parts = chunks(work, workers)
+    # fork: workers inherit the imported modules, and no thread runs yet (the bar starts later).
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+    context = multiprocessing.get_context(method)
+    pool = ProcessPoolExecutor(min(workers, len(parts)), context, initializer=_quiet_worker)
+    try:
+        futures = {pool.submit(audit_chunk, part): i for i, part in enumerate(parts)}
+        outcomes: list[Outcomes] = [[] for _ in parts]
+        pending: set[Future[Any]] = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
+            for future in done:
+                index = futures[future]
+                outcomes[index] = _collect(future, parts[index])
+                bar.advance(len(parts[index]))
+            bar.tick()
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return [outcome for part in outcomes for outcome in part]
