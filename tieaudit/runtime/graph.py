@@ -229,12 +229,14 @@ def read_model(path: str, dims: Mapping[str, int], *, with_inputs: bool = True) 
         if ckpt.format != "onnx":
             raise UsageError(f"runtime needs an ONNX model, this is {ckpt.format}", path)
         inputs = input_specs(load_model(path), ckpt, dims, path=path) if with_inputs else ()
-        external = any(s.file_offset >= 0 for s in ckpt.storages.values())
+        # embedded bytes are served from the model file itself: only other files are external data
+        outside = [s for s in ckpt.storages.values() if s.file != ckpt.files[0]]
+        external = bool(outside)
         try:
             model_bytes = os.path.getsize(path)
         except OSError as exc:
             raise InputError(f"cannot read the model: {one_line(exc)}", path) from None
-        weights = model_bytes + sum(s.nbytes for s in ckpt.storages.values() if s.file_offset >= 0)
+        weights = model_bytes + sum(s.nbytes for s in outside)
         sizes = {t.name: t.nbytes for t in ckpt.tensors}
         groups = find_copies(opened, ALL_RELATIONS, DEFAULT_MIN_BYTES, lookup_names=lookup_tables(ckpt))
         stored = {name: len(g.names) for g in groups for name in g.names}
