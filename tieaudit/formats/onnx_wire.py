@@ -10,11 +10,12 @@ whose wire type does not match its declaration), except that each raw_data names
 are instead of holding them. The walk steps over raw_data by its length: the weights' pages are
 never touched.
 
-What the walk cannot settle with certainty (groups, a field number 0, a tag past 32 bits, nesting
-or field counts past the limits below, files protobuf cannot parse whole) returns None: the caller
-then parses the file itself, as onnx.load does. What protobuf refuses in every implementation (a
-length, varint or fixed-width value running past the end of its message, a varint longer than ten
-bytes, wire types 6 and 7) is an InputError naming the byte.
+What the walk cannot settle with certainty (groups, a field number 0, a tag past 32 bits, a tag or
+length spelled in more than 5 bytes, nesting or field counts past the limits below, files protobuf
+cannot parse whole) returns None: the caller then parses the file itself, as onnx.load does. What
+protobuf refuses in every implementation (a length, varint or fixed-width value running past the
+end of its message, a varint longer than ten bytes, wire types 6 and 7) is an InputError naming
+the byte.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ PROTOBUF_LIMIT = (2 << 30) - 1
 refuses it."""
 
 _LENGTH_DELIMITED, _VARINT, _FIXED64, _FIXED32, _START_GROUP, _END_GROUP = 2, 0, 1, 5, 3, 4
+_MAX_VARINT32 = 5
+"""Bytes of a tag or length varint: upb refuses a longer (padded) one, other parsers may not."""
 
 
 def _tag_leads(fields: dict[int, str]) -> re.Pattern[bytes]:
@@ -159,6 +162,8 @@ class _Walk:
             pos += 1
             if tag >= 0x80:  # the common one-byte tags skip the call
                 tag, pos = self._varint(tag_at, end, kind)
+                if pos - tag_at > _MAX_VARINT32:
+                    raise _Unsure
             field, wire = tag >> 3, tag & 7
             if wire == _LENGTH_DELIMITED and field and tag <= 0xFFFFFFFF:
                 length_at, length = pos, data[pos] if pos < end else 0x80
@@ -169,6 +174,8 @@ class _Walk:
                 if stop > end:
                     what = f"field {field} has length {length}, past the end of its message"
                     raise self._refuse(what, kind, tag_at)
+                if body - pos > _MAX_VARINT32:
+                    raise _Unsure
                 if kind == TENSOR and field == RAW_DATA:
                     growth += self._placeholder(length_at, body, stop)
                 elif field in children and self._may_hold_tensors(children[field], body, stop):
