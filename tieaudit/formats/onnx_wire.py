@@ -149,7 +149,7 @@ class _Walk:
         leads = _TAG_LEADS.get(kind)
         return leads is None or leads.search(self.data, start, end) is not None
 
-    def message(self, kind: str, start: int, end: int, depth: int) -> int:
+    def message(self, kind: str, start: int, end: int, *, depth: int) -> int:
         """Walk the message of type kind in [start, end); returns how much its size changes."""
         if depth > MAX_ONNX_DEPTH:
             raise _Unsure
@@ -181,7 +181,7 @@ class _Walk:
                 elif field in children and self._may_hold_tensors(children[field], body, stop):
                     slot = len(self.edits)
                     self.edits.append(None)  # the new length goes before the child's own edits
-                    inner = self.message(children[field], body, stop, depth + 1)
+                    inner = self.message(children[field], body, stop, depth=depth + 1)
                     if inner:
                         prefix = _encode_varint(length + inner)
                         self.edits[slot] = (length_at, body, prefix)
