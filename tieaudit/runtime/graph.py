@@ -222,13 +222,14 @@ def read_model(path: str, dims: Mapping[str, int], *, with_inputs: bool = True) 
 
     with_inputs=False: no synthetic inputs (a probe that only creates the session needs none).
     """
-    from tieaudit.formats.onnx_model import load_model
+    from tieaudit.formats.onnx_model import load_skeleton
 
     with open_checkpoint(path) as opened:  # also confines external data before ORT is handed the model
         ckpt = opened.checkpoint
         if ckpt.format != "onnx":
             raise UsageError(f"runtime needs an ONNX model, this is {ckpt.format}", path)
-        inputs = input_specs(load_model(path), ckpt, dims, path=path) if with_inputs else ()
+        # the graph's inputs only: the skeleton's parse leaves the weights' bytes in the file
+        inputs = input_specs(load_skeleton(path)[0], ckpt, dims, path=path) if with_inputs else ()
         # embedded bytes are served from the model file itself: only other files are external data
         outside = [s for s in ckpt.storages.values() if s.file != ckpt.files[0]]
         external = bool(outside)
