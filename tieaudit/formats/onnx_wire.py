@@ -240,9 +240,11 @@ def skeleton(path: str) -> Skeleton | None:
     try:
         walk = _Walk(data, path)
         try:
-            walk.message(MODEL, 0, len(data), depth=1)
+            growth = walk.message(MODEL, 0, len(data), depth=1)
         except _Unsure:
             return None
+        if len(data) + growth > PROTOBUF_LIMIT:
+            return None  # placeholders longer than tiny raw_data would push it past what protobuf parses
         return Skeleton(walk.assemble(len(data)), walk.offsets, walk.lengths)
     finally:
         data.close()
