@@ -117,7 +117,7 @@ _ONE_BYTE = [bytes([value]) for value in range(0x80)]
 class _Walk:
     """One walk of a mapped file: the edits that turn it into its skeleton, and the table."""
 
-    def __init__(self, data: mmap.mmap, path: str) -> None:
+    def __init__(self, data: mmap.mmap | bytes, path: str) -> None:
         self.data = data
         self.path = path
         self.edits: list[tuple[int, int, bytes] | None] = []
@@ -238,13 +238,20 @@ def skeleton(path: str) -> Skeleton | None:
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror or exc}", path) from exc
     try:
-        walk = _Walk(data, path)
-        try:
-            growth = walk.message(MODEL, 0, len(data), depth=1)
-        except _Unsure:
-            return None
-        if len(data) + growth > PROTOBUF_LIMIT:
-            return None  # placeholders longer than tiny raw_data would push it past what protobuf parses
-        return Skeleton(walk.assemble(len(data)), walk.offsets, walk.lengths)
+        return skeleton_of(data, path)
     finally:
         data.close()
+
+
+def skeleton_of(data: mmap.mmap | bytes, path: str) -> Skeleton | None:
+    """The skeleton of a model's bytes (a map of the file at path, or bytes in memory)."""
+    if len(data) > PROTOBUF_LIMIT:
+        return None
+    walk = _Walk(data, path)
+    try:
+        growth = walk.message(MODEL, 0, len(data), depth=1)
+    except _Unsure:
+        return None
+    if len(data) + growth > PROTOBUF_LIMIT:
+        return None  # placeholders longer than tiny raw_data would push it past what protobuf parses
+    return Skeleton(walk.assemble(len(data)), walk.offsets, walk.lengths)
