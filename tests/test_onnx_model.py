@@ -86,7 +86,11 @@ def test_shared_initializer_is_one_tensor_consumed_by_gather_and_transpose(tmp_p
     )
     tensor = ckpt.tensor("E")
     assert (tensor.dtype, tensor.shape, tensor.strides, tensor.byte_offset) == ("float32", (10, 4), (4, 1), 0)
-    assert ckpt.storages["E"].file_offset == -1 and ckpt.storages["E"].file == "m.onnx"
+    storage = ckpt.storages["E"]
+    assert storage.file == "m.onnx" and storage.nbytes == E.nbytes
+    # embedded raw_data is served from the model file itself, at the offset its bytes sit
+    raw = (tmp_path / "m.onnx").read_bytes()
+    assert raw[storage.file_offset : storage.file_offset + storage.nbytes] == E.tobytes()
     array = open_ckpt.array(tensor)
     assert np.array_equal(array, E) and not array.flags.writeable
     assert ckpt.files == ("m.onnx",) and ckpt.format == "onnx"
@@ -370,7 +374,8 @@ def test_torchscript_export_stores_the_embedding_and_a_transposed_copy(
     embedding = ckpt.tensor("emb.weight")
     (copy,) = (t for t in ckpt.tensors if t.name.startswith("onnx::MatMul_"))
     assert _uses(ckpt, embedding.name)[0][1] == "Gather" and _uses(ckpt, copy.name)[0][1] == "MatMul"
-    assert copy.shape == (16, 100) and ckpt.storages[copy.storage_id].file_offset == -1
+    storage = ckpt.storages[copy.storage_id]
+    assert copy.shape == (16, 100) and storage.file == path.name and storage.file_offset > 0
     assert np.array_equal(open_ckpt.array(embedding), weight)
     assert open_ckpt.array(copy).tobytes() == np.ascontiguousarray(weight.T).tobytes()
 

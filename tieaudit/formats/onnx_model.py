@@ -1,7 +1,9 @@
 """ONNX models: initializers and Constant values as tensors, plus who consumes them.
 
 Tensors come from the main graph and every subgraph (If/Loop/Scan attributes, recursively).
-Embedded bytes are held in memory; external data is located by tieaudit itself (``onnx_external``),
+The protobuf is parsed from its skeleton (``onnx_wire``): embedded ``raw_data`` is served from a map
+of the model file like external data, never copied; only typed fields (``float_data``...) are
+decoded into memory. External data is located by tieaudit itself (``onnx_external``),
 never by onnx's loader, so a hostile location cannot make us read outside the model's folder.
 Tensors tieaudit does not read (sparse initializers, other attribute tensors, functions, training
 graphs, skipped dtypes) have their external data confined all the same (``onnx_tensors``). Who
@@ -31,6 +33,7 @@ from tieaudit.formats.interface import Reader
 from tieaudit.formats.onnx_consumers import ConsumerMap, Scope, is_op, resolve_identities, subgraphs, text
 from tieaudit.formats.onnx_external import ExternalFiles
 from tieaudit.formats.onnx_tensors import every_tensor
+from tieaudit.formats.onnx_wire import Skeleton, skeleton
 from tieaudit.formats.tie_records import TIES_METADATA_KEY, tieaudit_ties
 from tieaudit.formats.viewable import MAX_BYTES, MAX_DIMS, check_viewable
 
@@ -98,14 +101,23 @@ def looks_like_model_proto(head: bytes) -> bool:
 
 
 def load_model(path: str) -> ModelProto:
-    """The ModelProto at path, without external data; parse failures become InputError."""
+    """The ModelProto at path, without external data, every byte in memory (writers need them);
+    parse failures become InputError."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror or exc}", path) from exc
+    return _parsed(data, path)
+
+
+def _parsed(data: bytes, path: str) -> ModelProto:
+    """data parsed as onnx.load parses a file's bytes; failures become InputError."""
     import onnx
     from google.protobuf.message import DecodeError  # type: ignore[import-untyped,unused-ignore]
 
     try:
-        model = onnx.load(path, format="protobuf", load_external_data=False)
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror or exc}", path) from exc
+        model = onnx.load_model_from_string(data, format="protobuf")
     except (DecodeError, ValueError, RuntimeError, TypeError) as exc:
         raise InputError(f"not a valid ONNX protobuf: {one_line(exc)}", path) from exc
     if not model.HasField("graph"):
@@ -113,11 +125,22 @@ def load_model(path: str) -> ModelProto:
     return model
 
 
+def load_skeleton(path: str) -> tuple[ModelProto, Skeleton | None]:
+    """The model at path with each raw_data a placeholder into the skeleton's table (see
+    onnx_wire); (the whole model, None) when the file must be parsed whole."""
+    found = skeleton(path)
+    if found is None:
+        return load_model(path), None
+    return _parsed(found.data, path), found
+
+
 class _Collector:
     """Walks a model's graphs, gathering tensors, storages and consumers."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, found: Skeleton | None = None) -> None:
         self.path = path
+        self.skeleton = found
+        """Where each raw_data placeholder's bytes are; None: the model was parsed whole."""
         self.model_dir = os.path.dirname(os.path.abspath(path))
         self.model_file = os.path.basename(path)
         self.store = ByteStore(self.model_dir)
@@ -192,19 +215,23 @@ class _Collector:
 
     def _embedded(self, proto: TensorProto, name: str, dtype: str, *, numel: int) -> StorageInfo:
         expected = numel * itemsize(dtype)
-        if proto.HasField("raw_data"):
-            data = proto.raw_data
+        offset, data = -1, b""
+        if proto.HasField("raw_data") and self.skeleton is not None:
+            offset, length = self.skeleton.locate(proto.raw_data)  # served from the file's map
         else:
-            data = self._typed_field_bytes(proto, name, dtype, numel=numel)
-        if len(data) != expected:
+            raw = proto.HasField("raw_data")
+            data = proto.raw_data if raw else self._typed_field_bytes(proto, name, dtype, numel=numel)
+            length = len(data)
+        if length != expected:
             raise InputError(
                 f"tensor {name!r}: shape {list(proto.dims)} of {dtype} needs {expected} bytes, "
-                f"the protobuf holds {len(data)}",
+                f"the protobuf holds {length}",
                 self.path,
             )
-        self.store.hold(name, data)
+        if offset < 0:
+            self.store.hold(name, data)
         storage = StorageInfo(
-            storage_id=name, file=self.model_file, file_offset=-1, nbytes=expected, dtype=dtype
+            storage_id=name, file=self.model_file, file_offset=offset, nbytes=expected, dtype=dtype
         )
         self.storages[name] = storage
         return storage
@@ -326,8 +353,8 @@ class OnnxReader(Reader):
         return looks_like_model_proto(head) or path.lower().endswith(".onnx")
 
     def read(self, path: str) -> OpenCheckpoint:
-        model = load_model(path)
-        collector = _Collector(path)
+        model, found = load_skeleton(path)
+        collector = _Collector(path, found)
         collector.walk(model.graph, "", ChainMap())
         collector.confine_unread(model)
         # tieaudit retie records the copies it removed (and how to restore them) in metadata_props.

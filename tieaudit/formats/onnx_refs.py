@@ -3,9 +3,9 @@
 A ``.bin`` or ``.data`` file beside an ``.onnx`` model holds the model's initializers' bytes and
 means nothing alone. When one is named where a checkpoint is expected, the models beside it and in
 the folder above (external data lies in the model's folder or below it) are read as the ONNX
-reader reads them, protobuf only (``onnx_model.load_model``, no external data loaded), and every
-tensor's location (``onnx_tensors.every_tensor``) compared with the file. Locations the reader
-would refuse (``..``, absolute paths) name nothing here.
+reader reads them, protobuf only (``onnx_model.load_skeleton``: no external data loaded, embedded
+weights stepped over), and every tensor's location (``onnx_tensors.every_tensor``) compared with
+the file. Locations the reader would refuse (``..``, absolute paths) name nothing here.
 """
 
 from __future__ import annotations
@@ -43,13 +43,13 @@ def _references(model_path: str, target: str) -> bool:
     import onnx
 
     from tieaudit.formats.onnx_external import location_parts
-    from tieaudit.formats.onnx_model import load_model
+    from tieaudit.formats.onnx_model import load_skeleton
     from tieaudit.formats.onnx_tensors import every_tensor
 
     try:
         if os.path.getsize(model_path) > MAX_MODEL_BYTES:
             return False
-        model = load_model(model_path)
+        model = load_skeleton(model_path)[0]
     except (OSError, InputError):
         return False
     base = os.path.dirname(model_path)

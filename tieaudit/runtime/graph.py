@@ -222,19 +222,22 @@ def read_model(path: str, dims: Mapping[str, int], *, with_inputs: bool = True) 
 
     with_inputs=False: no synthetic inputs (a probe that only creates the session needs none).
     """
-    from tieaudit.formats.onnx_model import load_model
+    from tieaudit.formats.onnx_model import load_skeleton
 
     with open_checkpoint(path) as opened:  # also confines external data before ORT is handed the model
         ckpt = opened.checkpoint
         if ckpt.format != "onnx":
             raise UsageError(f"runtime needs an ONNX model, this is {ckpt.format}", path)
-        inputs = input_specs(load_model(path), ckpt, dims, path=path) if with_inputs else ()
-        external = any(s.file_offset >= 0 for s in ckpt.storages.values())
+        # the graph's inputs only: the skeleton's parse leaves the weights' bytes in the file
+        inputs = input_specs(load_skeleton(path)[0], ckpt, dims, path=path) if with_inputs else ()
+        # embedded bytes are served from the model file itself: only other files are external data
+        outside = [s for s in ckpt.storages.values() if s.file != ckpt.files[0]]
+        external = bool(outside)
         try:
             model_bytes = os.path.getsize(path)
         except OSError as exc:
             raise InputError(f"cannot read the model: {one_line(exc)}", path) from None
-        weights = model_bytes + sum(s.nbytes for s in ckpt.storages.values() if s.file_offset >= 0)
+        weights = model_bytes + sum(s.nbytes for s in outside)
         sizes = {t.name: t.nbytes for t in ckpt.tensors}
         groups = find_copies(opened, ALL_RELATIONS, DEFAULT_MIN_BYTES, lookup_names=lookup_tables(ckpt))
         stored = {name: len(g.names) for g in groups for name in g.names}
