@@ -13,7 +13,9 @@ Each removed copy is recorded in ``metadata_props["tieaudit.ties"]`` as JSON ``{
 "relation", "dtype"}}``. Tensors the input kept in external data are written to one new file,
 ``OUT.data`` beside OUT (page-aligned, streamed from tieaudit's read-only views); embedded ones
 stay embedded unless the protobuf would pass 2 GB. onnx never resolves the input's external data
-and the input's data file is never opened for writing.
+and the input's data file is never opened for writing. The model is edited as its skeleton
+(``formats.onnx_wire``: raw_data as placeholders) and written by ``repair.onnx_stream``, which
+copies each embedded tensor's bytes from the input file: the weights are never held in memory.
 """
 
 from __future__ import annotations
@@ -29,13 +31,16 @@ from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.errors import InputError, UsageError, one_line
 from tieaudit.core.records import TensorInfo
 from tieaudit.formats.onnx_consumers import is_op, subgraphs
-from tieaudit.formats.onnx_model import ONNX_DTYPES, load_model
+from tieaudit.formats.onnx_model import ONNX_DTYPES, load_skeleton
 from tieaudit.formats.tie_records import TIES_METADATA_KEY, composed_relation
 from tieaudit.repair.interface import Writer
+from tieaudit.repair.onnx_stream import inflated, write_inflated
 from tieaudit.repair.plan import Decision, RetiePlan
 
 if TYPE_CHECKING:
     from onnx import GraphProto, ModelProto, NodeProto, TensorProto
+
+    from tieaudit.formats.onnx_wire import Skeleton
 
 ALIGNMENT = 4096
 """Offset alignment, in the written data file, of every tensor of at least this many bytes (lets
@@ -269,6 +274,13 @@ def _externalize(edits: _Edits, opened: OpenCheckpoint, data_path: str, *, every
     return True
 
 
+def _size(model: ModelProto, found: Skeleton | None) -> int:
+    """Bytes of the model as written: the skeleton's with every placeholder's real length."""
+    if found is None:
+        return int(model.ByteSize())
+    return inflated(model.SerializeToString(), found.locate)[1]
+
+
 class OnnxWriter(Writer):
     """Rewrites an ONNX graph so each copy is computed from the kept initializer."""
 
@@ -278,7 +290,7 @@ class OnnxWriter(Writer):
         ckpt = opened.checkpoint
         import onnx
 
-        model = load_model(ckpt.path)
+        model, found = load_skeleton(ckpt.path)  # raw_data as placeholders: the weights stay in the file
         edits = _Edits(model=model)
         _index(edits, model.graph, "", scopes=(), taken=set())
         ties: dict[str, dict[str, str]] = {}
@@ -292,11 +304,15 @@ class OnnxWriter(Writer):
         if ties:
             _record(model, ties)
         files = [out]
-        too_big = model.ByteSize() > onnx.checker.MAXIMUM_PROTOBUF
+        too_big = _size(model, found) > onnx.checker.MAXIMUM_PROTOBUF
         if _externalize(edits, opened, f"{out}.data", everything=too_big):
             files.append(f"{out}.data")
-        with open(out, "xb") as handle:
-            handle.write(model.SerializeToString())
+        if found is None:  # parsed whole (see onnx_wire.skeleton): the bytes are in the model
+            with open(out, "xb") as handle:
+                handle.write(model.SerializeToString())
+        else:
+            pieces, _ = inflated(model.SerializeToString(), found.locate)
+            write_inflated(out, pieces, source=ckpt.path)
         try:
             onnx.checker.check_model(out)  # the path: external data is checked where it now lives
         except (onnx.checker.ValidationError, ValueError, RuntimeError) as exc:
