@@ -18,15 +18,18 @@ FILES = sorted([*GENERATED.glob("onnx/**/*.onnx"), *(ROOT / "fixtures" / "hostil
 @pytest.mark.parametrize("path", FILES, ids=[p.name for p in FILES])
 def test_the_inflated_skeleton_is_what_onnx_serializes(path: Path, tmp_path: Path) -> None:
     model, found = load_skeleton(str(path))
-    if found is None:
-        pytest.fail(f"{path.name}: no skeleton (the reader parsed it whole)")
+    if found is None:  # a spelling the walker leaves to the whole parse: retie writes it as onnx does
+        assert GENERATED not in path.parents, f"{path.name}: an exporter's model has no skeleton"
+        return
     pieces, size = inflated(model.SerializeToString(), found.locate)
     out = tmp_path / "out.onnx"
     write_inflated(str(out), pieces, source=str(path))
     expected = onnx.load(str(path), load_external_data=False).SerializeToString()
     assert out.stat().st_size == size
     assert out.read_bytes() == expected
-    assert sum(p.length for p in pieces if isinstance(p, FileRange)) == sum(found.lengths)
+    # every byte copied is a raw_data of the file (a tensor holding two keeps the last, as parsed)
+    table = set(zip(found.offsets, found.lengths, strict=True))
+    assert {(p.offset, p.length) for p in pieces if isinstance(p, FileRange)} <= table
 
 
 def test_the_corpus_has_embedded_weights_to_copy() -> None:
