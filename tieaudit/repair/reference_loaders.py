@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -192,6 +193,11 @@ def _named_as(name: str, value: str) -> bool:
 
 
 class _Onnx(Loaded):
+    """onnx.load of the output (without external data) and each tensor's values as onnx gives them.
+
+    The protobuf is held whole, as onnx holds it; each tensor's values are a copy (protobuf hands
+    out raw_data as a new bytes object), so one tensor is read at a time, whatever the threads."""
+
     def __init__(self, out: str, written: Checkpoint) -> None:
         import onnx
 
@@ -204,6 +210,7 @@ class _Onnx(Loaded):
                 f"onnx cannot load the output: {one_line(exc, 200, escaped=True)}"
             ) from exc
         self._base = _root(out)
+        self._one_at_a_time = threading.Lock()
         self._dtypes = ONNX_DTYPES
         taken = (
             (value, proto)
@@ -228,6 +235,10 @@ class _Onnx(Loaded):
     @contextmanager
     def values(self, name: str) -> Iterator[Block]:
         """The whole tensor as onnx reads it, held while it is compared."""
+        with self._one_at_a_time:
+            yield from self._values(name)
+
+    def _values(self, name: str) -> Iterator[Block]:
         import onnx
         from onnx import numpy_helper
         from onnx.external_data_helper import load_external_data_for_tensor
