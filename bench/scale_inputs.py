@@ -133,7 +133,7 @@ def shard_name(index: int, count: int) -> str:
     return f"model-{index + 1:05d}-of-{count:05d}.safetensors"
 
 
-def folder_input(key: str, form: str, shape: Llama, shards: int, root: str = SCALE_DIR) -> Input:
+def folder_input(key: str, form: str, shape: Llama, *, shards: int, root: str = SCALE_DIR) -> Input:
     sparse = form == "sparse"
     # In a sparse folder a copy would be equal holes too, and comparing them reads gigabytes of
     # zeros: that form is an untied model (as Llama-70B is), with no finding.
@@ -235,10 +235,10 @@ def plan(small: bool = False, root: str = SCALE_DIR) -> list[Input]:
     half_d = d // 2
     rows = max(1, (10 if small else 160) * 10**6 // (10_000 * 2 * 1024))  # of each of 10k tensors
     return [
-        folder_input(f"llama8b-20l{tag}", "folder", widths(LLAMA_8B, 20), 3, root),
-        folder_input(f"llama8b-8l{tag}", "folder", widths(LLAMA_8B, 8), 2, root),
-        folder_input(f"llama70b-80l{tag}", "sparse", widths(LLAMA_70B, 80), 30, root),
-        folder_input(f"llama70b-40l{tag}", "sparse", widths(LLAMA_70B, 40), 15, root),
+        folder_input(f"llama8b-20l{tag}", "folder", widths(LLAMA_8B, 20), shards=3, root=root),
+        folder_input(f"llama8b-8l{tag}", "folder", widths(LLAMA_8B, 8), shards=2, root=root),
+        folder_input(f"llama70b-80l{tag}", "sparse", widths(LLAMA_70B, 80), shards=30, root=root),
+        folder_input(f"llama70b-40l{tag}", "sparse", widths(LLAMA_70B, 40), shards=15, root=root),
         onnx_input(f"gpt-onnx-8l{tag}", vocab=v, hidden=d, layers=8, external=False, root=root),
         onnx_input(f"gpt-onnx-3l{tag}", vocab=v, hidden=half_d, layers=3, external=False, root=root),
         onnx_input(f"gpt-onnx-8l-ext{tag}", vocab=v, hidden=d, layers=8, external=True, root=root),

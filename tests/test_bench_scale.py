@@ -46,7 +46,7 @@ def folder_tensors(folder: str) -> dict[str, str]:
 
 
 def test_folder_is_a_consistent_sharded_checkpoint_with_an_untied_copy(tmp_path: Path) -> None:
-    inp = inputs.folder_input("f", "folder", TINY, 3, str(tmp_path))
+    inp = inputs.folder_input("f", "folder", TINY, shards=3, root=str(tmp_path))
     assert inputs.ensure(inp) is True
     assert sorted(os.listdir(inp.path)) == sorted(
         ["config.json", "model.safetensors.index.json"] + [os.path.basename(f) for f in inp.files]
@@ -72,7 +72,7 @@ def test_folder_is_a_consistent_sharded_checkpoint_with_an_untied_copy(tmp_path:
 
 def test_sparse_folder_has_full_headers_on_little_disk(tmp_path: Path) -> None:
     shape = inputs.Llama(hidden=512, intermediate=1024, vocab=2048, layers=6, heads=8, kv_heads=2)
-    inp = inputs.folder_input("s", "sparse", shape, 4, str(tmp_path))
+    inp = inputs.folder_input("s", "sparse", shape, shards=4, root=str(tmp_path))
     inputs.ensure(inp)
     tensors = folder_tensors(inp.path)
     assert len(tensors) == inp.tensors and inp.shards == 4 and inp.expected is None
