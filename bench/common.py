@@ -140,9 +140,11 @@ def write_safetensors(
 ) -> int:
     """Stream a bf16 safetensors file tensor by tensor (never whole in memory); atomic; returns its size.
 
-    head_bytes: write only the first head_bytes of each tensor (its usual values) and leave the
-    rest a hole (a sparse file of the full apparent size, read as zeros): a checkpoint's metadata
-    at full scale on little disk, for the paths that read headers and a few elements.
+    head_bytes: write only the first head_bytes of each random tensor (its usual values) and leave
+    the rest a hole (a sparse file of the full apparent size, read as zeros): a checkpoint's
+    metadata at full scale on little disk, for the paths that read headers and a few elements.
+    Constant tensors (ones, zeros: norms and biases, small) are written in full: cut short, every
+    norm would become the same non-constant vector, equal copies of each other.
     """
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
@@ -152,11 +154,12 @@ def write_safetensors(
             header = safetensors_header(specs, metadata)
             handle.write(header)
             offset = len(header)
-            step = CHUNK_ELEMENTS if head_bytes is None else max(1, min(CHUNK_ELEMENTS, head_bytes // 2))
             for spec in specs:
+                sparse = head_bytes is not None and spec.fill == "normal"
+                step = max(1, min(CHUNK_ELEMENTS, (head_bytes or 0) // 2)) if sparse else CHUNK_ELEMENTS
                 for chunk in _chunks(spec, step):
                     chunk.astype("<u2", copy=False).tofile(handle)
-                    if head_bytes is not None:
+                    if sparse:
                         break  # the first chunk is the head; the rest stays a hole
                 offset += spec.nbytes
                 handle.seek(offset)

@@ -83,6 +83,11 @@ def commands(inp: Input) -> list[Command]:
     return [*listed, Command("tieaudit check", check)]
 
 
+def _names(names: list[str], shown: int = 3) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
 def verify(inp: Input, command: Command, returncode: int) -> list[str]:
     """Problems with one run's output: check's finding, the baseline's groups, an exit code."""
     if command.label == "tieaudit check":
@@ -94,7 +99,9 @@ def verify(inp: Input, command: Command, returncode: int) -> list[str]:
                 findings = json.load(handle).get("findings", [])
         except (OSError, ValueError) as exc:
             return [*problems, f"no readable JSON report: {exc}"]
-        return problems + [f"unexpected finding {f.get('rule')} {f.get('names')}" for f in findings[:3]]
+        return problems + [
+            f"unexpected finding {f.get('rule')} {_names(f.get('names', []))}" for f in findings[:3]
+        ]
     if returncode != 0:
         return [f"{command.label} exited {returncode}"]
     if command.stdout and inp.expected is not None:

@@ -40,8 +40,8 @@ SCALE_DIR = os.path.join(OUT_DIR, "scale")
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 ONNX_EMBED, ONNX_HEAD = "transformer.wte.weight", "lm_head.weight"
 HEAD_BYTES = 4096
-"""Bytes written at the start of each tensor of a sparse file: its values, so no tensor reads as
-constant (an all-zero tensor is, and check would then scan each one in full: holes included)."""
+"""Bytes written at the start of each random tensor of a sparse file: its values, so no such tensor
+reads as constant (an all-zero one is, and check would then scan each in full: holes included)."""
 ST_METADATA = {"format": "pt"}
 FORMS = ("folder", "sparse", "onnx", "onnx-ext", "count")
 
@@ -146,6 +146,7 @@ def folder_input(key: str, form: str, shape: Llama, *, shards: int, root: str = 
         "form": form,
         "config": shape.config(),
         "head_bytes": HEAD_BYTES if sparse else None,
+        "holes": "random tensors past head_bytes; constant ones written in full" if sparse else None,
         "shards": [[[s.name, list(s.shape), s.fill, s.stream] for s in g] for g in groups],
     }
     return Input(

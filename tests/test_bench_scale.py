@@ -10,6 +10,7 @@ import importlib
 import json
 import os
 import re
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -70,15 +71,16 @@ def test_folder_is_a_consistent_sharded_checkpoint_with_an_untied_copy(tmp_path:
     assert inputs.ensure(inp) is False, "a second ensure reuses the cached folder"
 
 
-def test_sparse_folder_has_full_headers_on_little_disk(tmp_path: Path) -> None:
-    shape = inputs.Llama(hidden=512, intermediate=1024, vocab=2048, layers=6, heads=8, kv_heads=2)
+def test_sparse_folder_has_full_headers_on_little_disk_and_no_finding(tmp_path: Path) -> None:
+    # hidden 4096: a norm (8 KiB) is longer than HEAD_BYTES, so a cut-short norm would show
+    shape = inputs.Llama(hidden=4096, intermediate=1024, vocab=2048, layers=3, heads=32, kv_heads=8)
     inp = inputs.folder_input("s", "sparse", shape, shards=4, root=str(tmp_path))
     inputs.ensure(inp)
     tensors = folder_tensors(inp.path)
     assert len(tensors) == inp.tensors and inp.shards == 4 and inp.expected is None
     apparent = sum(os.path.getsize(f) for f in inp.files)
-    assert apparent == inp.nbytes > 20 * 10**6
-    assert sum(os.stat(f).st_blocks * 512 for f in inp.files) < apparent / 4
+    assert apparent == inp.nbytes > 100 * 10**6
+    assert sum(os.stat(f).st_blocks * 512 for f in inp.files) < apparent / 20
     for path in inp.files:  # the last tensor ends at the end of the file
         start, header = common.read_safetensors_header(path)
         assert start + max(i["data_offsets"][1] for i in header.values()) == os.path.getsize(path)
@@ -86,6 +88,14 @@ def test_sparse_folder_has_full_headers_on_little_disk(tmp_path: Path) -> None:
     embed, lm_head = (tensor_bytes(tensors[n], n) for n in (inputs.EMBED, inputs.HEAD))
     assert embed[:head].count(0) < head // 4 and embed[head:] == bytes(len(embed) - head)
     assert embed[:head] != lm_head[:head], "an untied head in the sparse form: no planted copy"
+    norm = "model.layers.1.input_layernorm.weight"
+    assert tensor_bytes(tensors[norm], norm) == b"\x80\x3f" * 4096, "constant tensors written in full"
+    audit = subprocess.run(
+        [sys.executable, "-m", "tieaudit", "check", inp.path, "--format", "json"],
+        capture_output=True,
+        text=True,
+    )
+    assert (audit.returncode, json.loads(audit.stdout)["findings"]) == (0, []), audit.stderr
 
 
 @pytest.mark.parametrize("external", [False, True])
