@@ -55,7 +55,7 @@ bench: $(STAMP)
 	$(PY) bench/convert.py
 
 # Checkpoints at the sizes users run (bench/scale.py): ~32 GB of generated inputs and outputs under
-# bench/out/scale/, about 20 minutes; drops the page cache for its cold runs where it may (root).
+# bench/out/scale/, about 15 minutes; drops the page cache for its cold runs where it may (root).
 bench-scale: $(STAMP)
 	$(PY) bench/scale.py
 
