@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 # torch is pinned before the project: 2.13.0 is the local CPU wheel; a range would pull a CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: install demo test lint fixtures bench fuzz clean tie-table sweep
+.PHONY: install demo test lint fixtures bench bench-scale fuzz clean tie-table sweep
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -53,6 +53,11 @@ bench: $(STAMP)
 	$(PY) bench/many.py
 	$(PY) bench/runtime.py
 	$(PY) bench/convert.py
+
+# Checkpoints at the sizes users run (bench/scale.py): ~32 GB of generated inputs and outputs under
+# bench/out/scale/, about 15 minutes; drops the page cache for its cold runs where it may (root).
+bench-scale: $(STAMP)
+	$(PY) bench/scale.py
 
 # Long fuzzing run (fuzz/run.py): atheris when it installs for this Python, else hypothesis.
 FUZZ_SECONDS ?= 60

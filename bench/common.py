@@ -66,12 +66,21 @@ def llama_specs(
     intermediate: int = 5632,
     vocab: int = 32000,
     untied_head: bool = True,
+    kv_hidden: int | None = None,
 ) -> list[TensorSpec]:
-    """A Llama-shaped state dict (TinyLlama-like widths); lm_head is a byte copy of the embedding."""
+    """A Llama-shaped state dict (TinyLlama-like widths); lm_head is a byte copy of the embedding.
+
+    kv_hidden: rows of k_proj and v_proj (kv heads x head dim, grouped-query attention); hidden
+    when None (one kv head per query head).
+    """
+    kv = hidden if kv_hidden is None else kv_hidden
     specs = [TensorSpec("model.embed_tokens.weight", (vocab, hidden))]
     for i in range(layers):
         p = f"model.layers.{i}."
-        specs += [TensorSpec(f"{p}self_attn.{proj}_proj.weight", (hidden, hidden)) for proj in "qkvo"]
+        specs += [
+            TensorSpec(f"{p}self_attn.{proj}_proj.weight", (kv if proj in "kv" else hidden, hidden))
+            for proj in "qkvo"
+        ]
         specs += [
             TensorSpec(f"{p}mlp.gate_proj.weight", (intermediate, hidden)),
             TensorSpec(f"{p}mlp.up_proj.weight", (intermediate, hidden)),
@@ -104,36 +113,57 @@ def file_size(specs: Sequence[TensorSpec], metadata: dict[str, str] | None = Non
     return len(safetensors_header(specs, metadata)) + sum(s.nbytes for s in specs)
 
 
-def _chunks(spec: TensorSpec) -> Iterable[np.ndarray]:
-    """The tensor's bf16 bits as uint16 arrays of at most CHUNK_ELEMENTS."""
+def _chunks(spec: TensorSpec, chunk_elements: int = CHUNK_ELEMENTS) -> Iterable[np.ndarray]:
+    """The tensor's bf16 bits as uint16 arrays of at most chunk_elements."""
     import numpy as np  # here, so the measuring harness stays small (see run_measured)
 
     if spec.fill in ("ones", "zeros"):
         value = BF16_ONE if spec.fill == "ones" else 0
-        for start in range(0, spec.numel, CHUNK_ELEMENTS):
-            yield np.full(min(CHUNK_ELEMENTS, spec.numel - start), value, dtype=np.uint16)
+        for start in range(0, spec.numel, chunk_elements):
+            yield np.full(min(chunk_elements, spec.numel - start), value, dtype=np.uint16)
         return
     if spec.fill != "normal":
         raise ValueError(f"unknown fill {spec.fill!r} for {spec.name}")
     # A stable seed per stream name: a copy (stream=original) replays the original's bits.
     rng = np.random.default_rng(zlib.crc32((spec.stream or spec.name).encode()))
-    for start in range(0, spec.numel, CHUNK_ELEMENTS):
-        values = rng.standard_normal(min(CHUNK_ELEMENTS, spec.numel - start), dtype=np.float32)
+    for start in range(0, spec.numel, chunk_elements):
+        values = rng.standard_normal(min(chunk_elements, spec.numel - start), dtype=np.float32)
         values *= np.float32(0.02)
         yield (values.view(np.uint32) >> 16).astype(np.uint16)  # bf16 = upper half of float32
 
 
-def write_safetensors(path: str, specs: Sequence[TensorSpec], metadata: dict[str, str] | None = None) -> int:
-    """Stream a bf16 safetensors file tensor by tensor (never whole in memory); atomic; returns its size."""
+def write_safetensors(
+    path: str,
+    specs: Sequence[TensorSpec],
+    metadata: dict[str, str] | None = None,
+    head_bytes: int | None = None,
+) -> int:
+    """Stream a bf16 safetensors file tensor by tensor (never whole in memory); atomic; returns its size.
+
+    head_bytes: write only the first head_bytes of each random tensor (its usual values) and leave
+    the rest a hole (a sparse file of the full apparent size, read as zeros): a checkpoint's
+    metadata at full scale on little disk, for the paths that read headers and a few elements.
+    Constant tensors (ones, zeros: norms and biases, small) are written in full: cut short, every
+    norm would become the same non-constant vector, equal copies of each other.
+    """
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".gen-", suffix=".safetensors", dir=folder)
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(safetensors_header(specs, metadata))
+            header = safetensors_header(specs, metadata)
+            handle.write(header)
+            offset = len(header)
             for spec in specs:
-                for chunk in _chunks(spec):
+                sparse = head_bytes is not None and spec.fill == "normal"
+                step = max(1, min(CHUNK_ELEMENTS, (head_bytes or 0) // 2)) if sparse else CHUNK_ELEMENTS
+                for chunk in _chunks(spec, step):
                     chunk.astype("<u2", copy=False).tofile(handle)
+                    if sparse:
+                        break  # the first chunk is the head; the rest stays a hole
+                offset += spec.nbytes
+                handle.seek(offset)
+            handle.truncate(offset)  # the apparent size, holes included
         os.chmod(tmp, 0o644)  # mkstemp creates 0600
         os.replace(tmp, path)
     except BaseException:
@@ -314,7 +344,7 @@ def console_script(name: str) -> list[str]:
     path = os.path.join(ROOT, ".venv", "bin", name)
     if os.access(path, os.X_OK):
         return [path]
-    return [python(), "-m", f"{name}.cli"]
+    return [python(), "-m", name]  # the package's __main__ (a git worktree has no .venv of its own)
 
 
 # --------------------------------------------------------------------------- reporting
