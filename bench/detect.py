@@ -119,7 +119,12 @@ BASELINES = {"sha512": baseline_sha512, "torch-equal": baseline_torch_equal}
 
 
 def verify_check_report(
-    report_path: str, returncode: int, wasted: int, *, names: tuple[str, str] = (EMBED, HEAD)
+    report_path: str,
+    returncode: int,
+    wasted: int,
+    *,
+    names: tuple[str, str] = (EMBED, HEAD),
+    relation: str = "equal",
 ) -> list[str]:
     """Problems with one `tieaudit check` run; empty when it found exactly the planted copy of names."""
     problems = []
@@ -135,7 +140,7 @@ def verify_check_report(
         summary = [(f.get("rule"), f.get("names")) for f in findings[:5]]
         return [*problems, f"expected exactly 1 finding, got {len(findings)}: {summary}"]
     finding = findings[0]
-    expected = {"rule": "TIE001", "kind": "untied-copy", "relation": "equal", "wasted_bytes": wasted}
+    expected = {"rule": "TIE001", "kind": "untied-copy", "relation": relation, "wasted_bytes": wasted}
     for key, value in expected.items():
         if finding.get(key) != value:
             problems.append(f"finding {key} is {finding.get(key)!r}, expected {value!r}")

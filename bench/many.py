@@ -101,13 +101,16 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     generated = ensure_folder(args.count, args.force)
     size = sum(os.path.getsize(os.path.join(FOLDER, n)) for n in os.listdir(FOLDER))
-    print(f"folder: {os.path.relpath(FOLDER)} ({args.count} checkpoints, {size / 1e6:.1f} MB, "
-          f"{'generated' if generated else 'cached'})")
+    print(
+        f"folder: {os.path.relpath(FOLDER)} ({args.count} checkpoints, {size / 1e6:.1f} MB, "
+        f"{'generated' if generated else 'cached'})"
+    )
     print(f"machine: {machine_summary()}")
     labels = {1: "check --jobs 1", 2: "check --jobs 2"}
     measurements = {
-        jobs: Measurement(label, [*console_script("tieaudit"), "check", FOLDER, "--jobs", str(jobs),
-                                  "--format", "json"])
+        jobs: Measurement(
+            label, [*console_script("tieaudit"), "check", FOLDER, "--jobs", str(jobs), "--format", "json"]
+        )
         for jobs, label in labels.items()
     }
     problems = []

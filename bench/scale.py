@@ -3,8 +3,9 @@
 Inputs (generated, nothing downloaded; see bench/scale_inputs.py), two sizes per form:
   folder    Llama-8B-shaped Hugging Face folder, 10.8 GB / 5.6 GB, lm_head an untied copy
   sparse    Llama-70B-shaped folder as sparse files, 723 / 363 tensors in 30 / 15 shards
-  onnx      GPT-2-like ONNX with embedded weights, 1.9 GB / 0.5 GB
-  onnx-ext  the same with external data
+  onnx      GPT-2-like ONNX with embedded weights, 1.9 GB / 0.5 GB (lm_head an equal copy), and
+            1.9 GB with lm_head stored transposed (TorchScript export)
+  onnx-ext  GPT-2-like ONNX with external data, 6 GB / 2.6 GB (past a protobuf's 2 GB)
   count     safetensors with 10,000 / 1,000 tensors, the same total bytes
 
 Each command runs as its own process (wall time and peak RSS, median of the runs), cold (page
@@ -92,7 +93,9 @@ def verify(inp: Input, command: Command, returncode: int) -> list[str]:
     """Problems with one run's output: check's finding, the baseline's groups, an exit code."""
     if command.label == "tieaudit check":
         if inp.expected is not None:
-            return verify_check_report(CHECK_REPORT, returncode, inp.wasted, names=inp.expected)
+            return verify_check_report(
+                CHECK_REPORT, returncode, inp.wasted, names=inp.expected, relation=inp.relation
+            )
         problems = [] if returncode == 0 else [f"tieaudit check exited {returncode}, expected 0"]
         try:
             with open(CHECK_REPORT) as handle:

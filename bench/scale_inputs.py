@@ -4,8 +4,10 @@ Forms (each at two sizes, so the report shows how cost grows):
   folder    Llama-8B-shaped Hugging Face folder, bf16 shards + index, lm_head an untied byte copy
   sparse    Llama-70B-shaped folder as sparse files: every header, hundreds of tensors, tens of
             shards, but only the first HEAD_BYTES of each tensor written (the rest are holes)
-  onnx      GPT-2-like ONNX, weights embedded in the protobuf, lm_head an equal copy of the embedding
-  onnx-ext  the same models with external data (model.onnx + model.onnx.data)
+  onnx      GPT-2-like ONNX, weights embedded in the protobuf, lm_head an equal copy of the embedding;
+            and the larger one with lm_head stored transposed, as TorchScript export writes it
+  onnx-ext  GPT-2-like ONNX with external data (model.onnx + model.onnx.data) past the 2 GB a
+            protobuf can hold (why external data exists), the data file streamed to disk
   count     one safetensors file with 1,000 and one with 10,000 small tensors, same total bytes
 
 Generation runs in a child process (`python bench/scale_inputs.py --ensure KEY...`) so the
@@ -101,6 +103,8 @@ class Input:
     expected: tuple[str, str] | None
     """The pair check must report as TIE001 (exactly that finding), or None: no finding at all."""
     wasted: int = 0
+    relation: str = "equal"
+    """The relation of the planted pair (equal, or transposed for a TorchScript-like head)."""
     shards: int = 1
     extra: dict[str, object] = field(default_factory=dict)
 
@@ -165,8 +169,17 @@ def folder_input(key: str, form: str, shape: Llama, *, shards: int, root: str = 
 
 
 def onnx_input(
-    key: str, *, vocab: int, hidden: int, layers: int, external: bool, root: str = SCALE_DIR
+    key: str,
+    *,
+    vocab: int,
+    hidden: int,
+    layers: int,
+    external: bool,
+    head: str = "equal",
+    root: str = SCALE_DIR,
 ) -> Input:
+    """head: "equal" (lm_head a copy of the embedding, read through Transpose) or "transposed"
+    (lm_head stored as the embedding's transpose, read by MatMul directly: TorchScript's export)."""
     folder = os.path.join(root, key)
     model = os.path.join(folder, "model.onnx")
     weights = 4 * (2 * vocab * hidden + layers * 2 * hidden * 4 * hidden)
@@ -176,6 +189,8 @@ def onnx_input(
         "hidden": hidden,
         "layers": layers,
         "external": external,
+        "head": head,
+        "streamed": external,  # external data is written tensor by tensor, never whole in memory
     }
     return Input(
         key=key,
@@ -187,7 +202,8 @@ def onnx_input(
         recipe=recipe,
         expected=(ONNX_EMBED, ONNX_HEAD),
         wasted=4 * vocab * hidden,
-        extra={"vocab": vocab, "hidden": hidden, "layers": layers},
+        relation=head,
+        extra={"vocab": vocab, "hidden": hidden, "layers": layers, "head": head},
     )
 
 
@@ -242,8 +258,11 @@ def plan(small: bool = False, root: str = SCALE_DIR) -> list[Input]:
         folder_input(f"llama70b-40l{tag}", "sparse", widths(LLAMA_70B, 40), shards=15, root=root),
         onnx_input(f"gpt-onnx-8l{tag}", vocab=v, hidden=d, layers=8, external=False, root=root),
         onnx_input(f"gpt-onnx-3l{tag}", vocab=v, hidden=half_d, layers=3, external=False, root=root),
-        onnx_input(f"gpt-onnx-8l-ext{tag}", vocab=v, hidden=d, layers=8, external=True, root=root),
-        onnx_input(f"gpt-onnx-3l-ext{tag}", vocab=v, hidden=half_d, layers=3, external=True, root=root),
+        onnx_input(
+            f"gpt-onnx-8l-t{tag}", vocab=v, hidden=d, layers=8, external=False, head="transposed", root=root
+        ),
+        onnx_input(f"gpt-onnx-40l-ext{tag}", vocab=v, hidden=d, layers=40, external=True, root=root),
+        onnx_input(f"gpt-onnx-16l-ext{tag}", vocab=v, hidden=d, layers=16, external=True, root=root),
         count_input(f"tensors-10k{tag}", count=10_000, rows=rows, width=1024, root=root),
         count_input(f"tensors-1k{tag}", count=1_000, rows=10 * rows, width=1024, root=root),
     ]

@@ -98,30 +98,36 @@ def test_sparse_folder_has_full_headers_on_little_disk_and_no_finding(tmp_path: 
     assert (audit.returncode, json.loads(audit.stdout)["findings"]) == (0, []), audit.stderr
 
 
-@pytest.mark.parametrize("external", [False, True])
-def test_onnx_loads_and_its_head_is_an_equal_copy(tmp_path: Path, external: bool) -> None:
+@pytest.mark.parametrize(
+    ("external", "head"), [(False, "equal"), (True, "equal"), (False, "transposed"), (True, "transposed")]
+)
+def test_onnx_loads_and_its_head_is_a_copy(tmp_path: Path, external: bool, head: str) -> None:
+    """Equal: the head's bytes are the embedding's; transposed: the embedding's transpose (the
+    embedding drawn whole, the external data streamed in chunks: one random stream either way)."""
+    import numpy as np
     import onnx
     import onnxruntime
+    from onnx import numpy_helper
 
-    inp = inputs.onnx_input("o", vocab=300, hidden=16, layers=2, external=external, root=str(tmp_path))
+    inp = inputs.onnx_input(
+        "o", vocab=3000, hidden=1500, layers=2, external=external, head=head, root=str(tmp_path)
+    )
     inputs.ensure(inp)
     assert all(os.path.exists(f) for f in inp.files)
     if external:
-        assert os.path.getsize(inp.files[1]) >= 4 * 300 * 16 * 2
+        assert os.path.getsize(inp.files[1]) >= 4 * 3000 * 1500 * 2
         assert os.path.getsize(inp.files[0]) < 4096
     model = onnx.load(inp.path)
     onnx.checker.check_model(model)
-    weights = {i.name: i.raw_data for i in model.graph.initializer}
+    weights = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     assert len(weights) == inp.tensors
-    assert (
-        weights[inputs.ONNX_EMBED] == weights[inputs.ONNX_HEAD]
-        and len(weights[inputs.ONNX_HEAD]) == 4 * 300 * 16
-    )
+    embed, lm_head = weights[inputs.ONNX_EMBED], weights[inputs.ONNX_HEAD]
+    assert embed.shape == (3000, 1500) and float(embed.std()) == pytest.approx(0.02, rel=0.05)
+    expected = embed if head == "equal" else embed.T
+    assert lm_head.shape == expected.shape and lm_head.tobytes() == np.ascontiguousarray(expected).tobytes()
     session = onnxruntime.InferenceSession(inp.path, providers=["CPUExecutionProvider"])
-    import numpy as np
-
     (logits,) = session.run(None, {"input_ids": np.array([[1, 2, 3]], dtype=np.int64)})
-    assert logits.shape == (1, 3, 300)
+    assert logits.shape == (1, 3, 3000)
 
 
 def test_count_inputs_hold_the_same_bytes_in_ten_times_the_tensors(tmp_path: Path) -> None:
@@ -143,6 +149,9 @@ def test_full_plan_has_the_briefed_shapes() -> None:
     assert by_key["llama8b-20l"].nbytes > 10 * 10**9 and by_key["llama8b-20l"].shards == 3
     assert by_key["llama70b-80l"].tensors == 723 and by_key["llama70b-80l"].shards == 30
     assert 1.8e9 < by_key["gpt-onnx-8l"].nbytes < 2**31 - 2**24  # under protobuf's 2 GiB limit
+    assert by_key["gpt-onnx-8l-t"].nbytes == by_key["gpt-onnx-8l"].nbytes
+    assert by_key["gpt-onnx-8l-t"].relation == "transposed"
+    assert by_key["gpt-onnx-16l-ext"].nbytes > 2**31  # external data: past what a protobuf holds
     assert by_key["tensors-10k"].nbytes == pytest.approx(by_key["tensors-1k"].nbytes, rel=0.01)
     small = {i.key.removesuffix("-small"): i for i in inputs.plan(small=True)}
     assert all(small[k].tensors == i.tensors and small[k].shards == i.shards for k, i in by_key.items())
