@@ -88,14 +88,8 @@ def targets(inputs: Sequence[Input], results: dict[str, dict[str, Measurement]],
         for mode in modes:
             cat, check = _get(results, onnx, f"{mode} cat"), _get(results, onnx, f"{mode} tieaudit check")
             if cat and check:
-                budget = ONNX_IO_FACTOR * cat.median_s + ONNX_IO_SLACK_S
-                found.append(
-                    (
-                        f"{label} {mode}: check <= {ONNX_IO_FACTOR:g} x cat + {ONNX_IO_SLACK_S:g} s",
-                        f"{check.median_s:.3f} s vs {budget:.3f} s",
-                        check.median_s <= budget,
-                    )
-                )
+                target = f"{label} {mode}: check <= {ONNX_IO_FACTOR:g} x cat + {ONNX_IO_SLACK_S:g} s"
+                found.append(_within(target, check, cat, ONNX_IO_FACTOR, ONNX_IO_SLACK_S))
         checks = [_get(results, onnx, f"{m} tieaudit check") for m in modes]
         peak = max((c.max_rss_bytes for c in checks if c), default=0)
         percent = 100 * peak / _size(onnx)
@@ -113,16 +107,18 @@ def targets(inputs: Sequence[Input], results: dict[str, dict[str, Measurement]],
                 _get(results, external, f"{mode} tieaudit check"),
             )
             if cat and check:
-                found.append(
-                    (
-                        f"ONNX external {mode}: check <= cat",
-                        f"{check.median_s:.3f} s vs {cat.median_s:.3f} s",
-                        check.median_s <= cat.median_s,
-                    )
-                )
+                found.append(_within(f"ONNX external {mode}: check <= cat", check, cat, 1.0))
     if folder is not None:
         found += _folder_targets(folder, results, cold)
     return found
+
+
+def _within(
+    label: str, measured: Measurement, reference: Measurement, factor: float, slack: float = 0.0
+) -> Target:
+    """measured <= factor x reference + slack seconds, as a target line."""
+    budget = factor * reference.median_s + slack
+    return (label, f"{measured.median_s:.3f} s vs {budget:.3f} s", measured.median_s <= budget)
 
 
 def _folder_targets(folder: Input, results: dict[str, dict[str, Measurement]], cold: bool) -> list[Target]:
@@ -131,21 +127,12 @@ def _folder_targets(folder: Input, results: dict[str, dict[str, Measurement]], c
     found: list[Target] = []
     cat, check = _get(results, folder, "cold cat"), _get(results, folder, "cold tieaudit check")
     if cat and check:
-        found.append(
-            (
-                f"folder {_size(folder) / 1e9:.1f} GB cold: check <= {FOLDER_CAT_FACTOR:g} x cat",
-                f"{check.median_s:.3f} s vs {FOLDER_CAT_FACTOR * cat.median_s:.3f} s",
-                check.median_s <= FOLDER_CAT_FACTOR * cat.median_s,
-            )
-        )
+        label = f"folder {_size(folder) / 1e9:.1f} GB cold: check <= {FOLDER_CAT_FACTOR:g} x cat"
+        found.append(_within(label, check, cat, FOLDER_CAT_FACTOR))
     cp, retie = _get(results, folder, "cold cp -r + sync"), _get(results, folder, "cold tieaudit retie")
     if cp and retie:
         found.append(
-            (
-                f"folder cold: retie <= {RETIE_CP_FACTOR:g} x (cp -r + sync)",
-                f"{retie.median_s:.3f} s vs {RETIE_CP_FACTOR * cp.median_s:.3f} s",
-                retie.median_s <= RETIE_CP_FACTOR * cp.median_s,
-            )
+            _within(f"folder cold: retie <= {RETIE_CP_FACTOR:g} x (cp -r + sync)", retie, cp, RETIE_CP_FACTOR)
         )
         found.append(
             (

@@ -100,7 +100,7 @@ class Skeleton:
         return self.offsets[index], self.lengths[index]
 
 
-def _encode_varint(value: int) -> bytes:
+def encode_varint(value: int) -> bytes:
     if value < 0x80:
         return _ONE_BYTE[value]
     out = bytearray()
@@ -183,7 +183,7 @@ class _Walk:
                     self.edits.append(None)  # the new length goes before the child's own edits
                     inner = self.message(children[field], body, stop, depth=depth + 1)
                     if inner:
-                        prefix = _encode_varint(length + inner)
+                        prefix = encode_varint(length + inner)
                         self.edits[slot] = (length_at, body, prefix)
                         growth += inner + len(prefix) - (body - length_at)
                 pos = stop
@@ -207,7 +207,7 @@ class _Walk:
         placeholder = len(self.offsets).to_bytes(PLACEHOLDER_BYTES, "little")
         self.offsets.append(body)
         self.lengths.append(stop - body)
-        self.edits.append((length_at, stop, _encode_varint(PLACEHOLDER_BYTES) + placeholder))
+        self.edits.append((length_at, stop, encode_varint(PLACEHOLDER_BYTES) + placeholder))
         return 1 + PLACEHOLDER_BYTES - (stop - length_at)
 
     def assemble(self, size: int) -> bytes:

@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tieaudit.formats.onnx_wire import MAX_ONNX_DEPTH, MODEL, RAW_DATA, SCHEMA, TENSOR
+from tieaudit.formats.onnx_wire import MAX_ONNX_DEPTH, MODEL, RAW_DATA, SCHEMA, TENSOR, encode_varint
 from tieaudit.repair.st_stream import pwrite_all, start_writeback
 
 CHUNK_BYTES = 16 << 20
@@ -46,15 +46,6 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
         if byte < 0x80:
             return value, pos
         shift += 7
-
-
-def _encode_varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 class _Inflate:
@@ -88,7 +79,7 @@ class _Inflate:
                         inner: list[Piece] = [FileRange(offset, real)] if real else []
                     else:
                         inner, real = self.message(children[field], body, stop, depth + 1)
-                    head = data[tag_at:pos] + _encode_varint(real)
+                    head = data[tag_at:pos] + encode_varint(real)
                     pieces.append(head)
                     pieces.extend(inner)
                     size += len(head) + real
