@@ -425,3 +425,20 @@ def test_same_transposed_compares_bits_in_tiles_including_ragged_edges() -> None
     payload.view(np.uint32)[1, 0] = 0x7FC00001
     assert not comparer.same_transposed(quiet, payload)
     assert not comparer.same_transposed(zeros, zeros)  # (3, 300) is not (300, 3)
+
+
+def test_same_transposed_splits_a_large_block_between_two_threads() -> None:
+    """Past SPLIT_BYTES the lower rows go to a second thread: a difference in either half, or on
+    the rows where they meet, is found."""
+    from tieaudit.graph.compare import SPLIT_BYTES, TILE
+
+    comparer = BlockComparer()
+    block = np.random.default_rng(1).standard_normal((4 * TILE + 77, 1100)).astype(np.float32)
+    assert block.nbytes >= SPLIT_BYTES
+    strip = np.ascontiguousarray(block.T)
+    assert comparer.same_transposed(block, strip)
+    half = len(block) // 2 // TILE * TILE
+    for row in (0, half - 1, half, len(block) - 1):
+        changed = strip.copy()
+        changed.view(np.uint32)[500, row] ^= 1
+        assert not comparer.same_transposed(block, changed), row
