@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import threading
 
 import numpy as np
 
@@ -28,6 +29,10 @@ class ByteStore:
 
     def __init__(self, root: str) -> None:
         self.root = root
+        self._opening = threading.Lock()
+        """Held while a file is mapped or opened: verification and writing read one store from two
+        threads, and two maps of one file would leave the first one's pages unreleasable (``drop``
+        advises the map it finds, so a tensor read through the other stayed resident, 1 GB of it)."""
         self._maps: dict[str, mmap.mmap] = {}
         self._fds: dict[str, int] = {}
         self._memory: dict[str, bytes] = {}
@@ -38,17 +43,21 @@ class ByteStore:
 
     def _map(self, file: str) -> mmap.mmap:
         mapped = self._maps.get(file)
-        if mapped is None:
-            path = os.path.join(self.root, file)
-            try:
-                with open(path, "rb") as handle:
-                    size = os.fstat(handle.fileno()).st_size
-                    if size == 0:
-                        raise InputError("file is empty", path)
-                    mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-            except OSError as exc:  # the file was only stat-ed by the reader: now it must open
-                raise InputError(f"cannot read: {exc.strerror or exc}", path) from exc
-            self._maps[file] = mapped
+        if mapped is not None:
+            return mapped
+        with self._opening:
+            return self._maps.get(file) or self._new_map(file)
+
+    def _new_map(self, file: str) -> mmap.mmap:
+        path = os.path.join(self.root, file)
+        try:
+            with open(path, "rb") as handle:
+                if os.fstat(handle.fileno()).st_size == 0:
+                    raise InputError("file is empty", path)
+                mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        except OSError as exc:  # the file was only stat-ed by the reader: now it must open
+            raise InputError(f"cannot read: {exc.strerror or exc}", path) from exc
+        self._maps[file] = mapped
         return mapped
 
     def buffer(self, storage: StorageInfo) -> memoryview:
@@ -69,14 +78,18 @@ class ByteStore:
 
     def _fd(self, file: str) -> int:
         fd = self._fds.get(file)
-        if fd is None:
-            path = os.path.join(self.root, file)
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except OSError as exc:
-                raise InputError(f"cannot read: {exc.strerror or exc}", path) from exc
-            self._fds[file] = fd
-        return fd
+        if fd is not None:
+            return fd
+        with self._opening:  # two threads must not open it twice (one descriptor would leak)
+            fd = self._fds.get(file)
+            if fd is None:
+                path = os.path.join(self.root, file)
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                except OSError as exc:
+                    raise InputError(f"cannot read: {exc.strerror or exc}", path) from exc
+                self._fds[file] = fd
+            return fd
 
     def copy_to(self, storage: StorageInfo, start: int, end: int, *, out_fd: int, out_offset: int) -> bool:
         """Copy storage bytes [start, end) into out_fd at out_offset inside the kernel
