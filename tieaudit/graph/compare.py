@@ -124,16 +124,16 @@ class BlockComparer:
         left, right = block.view(unsigned), strip.view(unsigned)  # bits, not values: -0.0 != 0.0
         rows = left.shape[0]
         if left.nbytes < SPLIT_BYTES or rows < 2 * TILE:
-            return _tiles_equal(left, right, 0, rows)
+            return _tiles_equal(left, right, 0, stop=rows)
         # numpy compares each tile without the GIL: a second thread takes the lower half's tiles
         half = rows // 2 // TILE * TILE
         with ThreadPoolExecutor(1, thread_name_prefix="tieaudit-compare") as pool:
-            lower = pool.submit(_tiles_equal, left, right, half, rows)
-            upper = _tiles_equal(left, right, 0, half)
+            lower = pool.submit(_tiles_equal, left, right, half, stop=rows)
+            upper = _tiles_equal(left, right, 0, stop=half)
             return lower.result() and upper
 
 
-def _tiles_equal(left: np.ndarray, right: np.ndarray, first: int, stop: int) -> bool:
+def _tiles_equal(left: np.ndarray, right: np.ndarray, first: int, *, stop: int) -> bool:
     """Rows [first, stop) of left equal to the same columns of right.T, tile by tile."""
     columns = left.shape[1]
     full = np.empty((TILE, TILE), dtype=bool)

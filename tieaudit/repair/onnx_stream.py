@@ -53,7 +53,7 @@ class _Inflate:
         self.data = data
         self.locate = locate
 
-    def message(self, kind: str, start: int, end: int, depth: int) -> tuple[list[Piece], int]:
+    def message(self, kind: str, start: int, end: int, *, depth: int) -> tuple[list[Piece], int]:
         """The pieces of the message of type kind in data[start:end], and their total size."""
         assert depth <= MAX_ONNX_DEPTH, "the skeleton nests deeper than the walk that made it"
         data, children = self.data, SCHEMA[kind]
@@ -78,7 +78,7 @@ class _Inflate:
                         offset, real = self.locate(data[body:stop])
                         inner: list[Piece] = [FileRange(offset, real)] if real else []
                     else:
-                        inner, real = self.message(children[field], body, stop, depth + 1)
+                        inner, real = self.message(children[field], body, stop, depth=depth + 1)
                     head = data[tag_at:pos] + encode_varint(real)
                     pieces.append(head)
                     pieces.extend(inner)
@@ -98,7 +98,7 @@ def inflated(serialized: bytes, locate: Locate) -> tuple[list[Piece], int]:
     return _Inflate(serialized, locate).message(MODEL, 0, len(serialized), depth=1)
 
 
-def _copy_range(source_fd: int, out_fd: int, piece: FileRange, out_offset: int) -> None:
+def _copy_range(source_fd: int, out_fd: int, piece: FileRange, *, out_offset: int) -> None:
     position, remaining, at = piece.offset, piece.length, out_offset
     if hasattr(os, "copy_file_range"):
         try:
@@ -127,7 +127,7 @@ def write_inflated(out: str, pieces: list[Piece], *, source: str) -> None:
             offset = 0
             for piece in pieces:
                 if isinstance(piece, FileRange):
-                    _copy_range(source_fd, fd, piece, offset)
+                    _copy_range(source_fd, fd, piece, out_offset=offset)
                     start_writeback(fd, offset, piece.length)
                     offset += piece.length
                 else:
