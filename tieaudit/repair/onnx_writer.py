@@ -34,7 +34,7 @@ from tieaudit.formats.onnx_consumers import is_op, subgraphs
 from tieaudit.formats.onnx_model import ONNX_DTYPES, load_skeleton
 from tieaudit.formats.tie_records import TIES_METADATA_KEY, composed_relation
 from tieaudit.repair.interface import Writer
-from tieaudit.repair.onnx_stream import inflated, write_inflated
+from tieaudit.repair.onnx_stream import Piece, inflated, write_inflated
 from tieaudit.repair.plan import Decision, RetiePlan
 
 if TYPE_CHECKING:
@@ -274,11 +274,11 @@ def _externalize(edits: _Edits, opened: OpenCheckpoint, data_path: str, *, every
     return True
 
 
-def _size(model: ModelProto, found: Skeleton | None) -> int:
-    """Bytes of the model as written: the skeleton's with every placeholder's real length."""
-    if found is None:
-        return int(model.ByteSize())
-    return inflated(model.SerializeToString(), found.locate)[1]
+def _pieces(model: ModelProto, found: Skeleton | None) -> tuple[list[Piece], int]:
+    """What writing the model takes, and its size: the skeleton's bytes with every placeholder's
+    real bytes from the input file; a model parsed whole is its own serialization."""
+    serialized = model.SerializeToString()
+    return inflated(serialized, found.locate) if found is not None else ([serialized], len(serialized))
 
 
 class OnnxWriter(Writer):
@@ -304,15 +304,11 @@ class OnnxWriter(Writer):
         if ties:
             _record(model, ties)
         files = [out]
-        too_big = _size(model, found) > onnx.checker.MAXIMUM_PROTOBUF
-        if _externalize(edits, opened, f"{out}.data", everything=too_big):
+        pieces, size = _pieces(model, found)
+        if _externalize(edits, opened, f"{out}.data", everything=size > onnx.checker.MAXIMUM_PROTOBUF):
             files.append(f"{out}.data")
-        if found is None:  # parsed whole (see onnx_wire.skeleton): the bytes are in the model
-            with open(out, "xb") as handle:
-                handle.write(model.SerializeToString())
-        else:
-            pieces, _ = inflated(model.SerializeToString(), found.locate)
-            write_inflated(out, pieces, source=ckpt.path)
+            pieces, _ = _pieces(model, found)  # the moved tensors now name OUT.data
+        write_inflated(out, pieces, source=ckpt.path)
         try:
             onnx.checker.check_model(out)  # the path: external data is checked where it now lives
         except (onnx.checker.ValidationError, ValueError, RuntimeError) as exc:
