@@ -1,15 +1,7 @@
-"""How the pickle VM spells globals and opcodes: torch's Python 2 renaming, opcode names for errors."""
+"""How the pickle VM names opcodes in errors (torch's Python 2 renaming of globals lives in the
+committed allowlist: ``torch_allowlist.TorchAllowlist.spelled``)."""
 
 from __future__ import annotations
-
-# torch's Python 2 renaming (torch._utils.IMPORT_MAPPING / NAME_MAPPING) where it can matter: the
-# allowlisted builtins, and the builtins the pickle-code rule (TIE010) names; other Python 2 names
-# keep their spelling (torch does not rename them either).
-IMPORT_MAPPING = {"__builtin__": "builtins", "copy_reg": "copyreg"}
-NAME_MAPPING = {
-    ("__builtin__", "xrange"): ("builtins", "range"),
-    ("__builtin__", "long"): ("builtins", "int"),
-}
 
 
 def opcode_name(op: int) -> str:

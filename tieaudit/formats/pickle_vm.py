@@ -16,7 +16,8 @@ from __future__ import annotations
 import struct
 from typing import Protocol
 
-from tieaudit.formats.pickle_names import IMPORT_MAPPING, NAME_MAPPING, opcode_name
+from tieaudit.formats.pickle_names import opcode_name
+from tieaudit.formats.torch_allowlist import torch_allowlist
 
 MAX_OPCODES = 100_000_000
 """Opcodes one pickle may run: a 50k-tensor state dict runs 1.5 million, so a 1 TB model's
@@ -170,8 +171,8 @@ class PickleVM:
                 raise PickleError(f"a GLOBAL line longer than {MAX_GLOBAL_BYTES} bytes")
             parts.append(data[pos:newline].decode("utf-8"))
             pos = newline + 1
-        module, name = NAME_MAPPING.get((parts[0], parts[1]), (parts[0], parts[1]))
-        return IMPORT_MAPPING.get(module, module), name, pos
+        module, name = torch_allowlist().spelled(parts[0], parts[1])
+        return module, name, pos
 
     def run(self) -> tuple[object, int]:
         """Interpret opcodes until STOP; raise PickleError (or a hook's error) otherwise."""
