@@ -369,7 +369,7 @@ def _assert_reported(case: make_hostile.Hostile, command: str, document: dict[st
     found = [f for r in reports for f in r["findings"] if f["rule"] == case.finding]
     assert any(case.expect in name for f in found for name in f["names"]), found
     verdicts = {g["name"]: g["verdict"] for r in reports for g in r["pickle_globals"]}
-    wanted = "runs-code" if case.finding == "TIE010" else "unknown"
+    wanted = "runs-code"  # torch's verdict: every global outside its allowlist (TIE010, or TIE011 by policy)
     assert any(case.expect in name and verdict == wanted for name, verdict in verdicts.items()), verdicts
 
 

@@ -89,8 +89,7 @@ def _tieaudit(path: Path) -> tuple[set[str], str, str]:
     except InputError as exc:
         return set(), "refused", exc.message
     flagged = {g.name for g in used if g.verdict == "runs-code"}
-    unknown = any(g.verdict == "unknown" for g in used)
-    return flagged, "TIE010" if flagged else ("TIE011" if unknown else "clean"), ""
+    return flagged, "TIE010" if flagged else "clean", ""
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +140,7 @@ def test_the_comparison_covers_attacks_and_real_training_pickles(table: list[dic
     by_file = {Path(row["file"]).name: row for row in table}
     assert by_file["pt_zip_reduce_os_system.pt"]["tieaudit"] == "TIE010"
     assert by_file["pt_zip_reduce_os_system.pt"]["picklescan"] == "dangerous"
-    assert by_file["training_args.bin"]["tieaudit"] == "TIE011"
-    assert by_file["rng_state.pth"]["tieaudit"] == "clean"  # numpy arrays: known data
+    # torch's verdict: weights_only refuses TrainingArguments and numpy arrays alike
+    assert by_file["training_args.bin"]["tieaudit"] == "TIE010"
+    assert by_file["rng_state.pth"]["tieaudit"] == "TIE010"
     assert sum(row["theirs"] != set() for row in table) >= 8

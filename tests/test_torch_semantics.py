@@ -208,11 +208,14 @@ def test_unknown_globals_go_through_one_policy() -> None:
     root, _, _ = load_pickle(data, "x.pt", "data.pkl", referenced=referenced)
     assert isinstance(root, dict) and isinstance(root["m"], Placeholder)
     assert (root["m"].name, root["m"].made) == ("__main__.Model", False)
-    assert referenced == {"__main__.Model": "unknown"}
+    assert {k: v.verdict for k, v in referenced.items()} == {"__main__.Model": "runs-code"}
     called = pickle_of(call(glob("posix", "system"), text("touch x")))
     made, _, _ = load_pickle(called, "x.pt", "data.pkl", referenced=referenced)
     assert isinstance(made, Placeholder) and made.made and made.args == ("touch x",)
-    assert referenced == {"__main__.Model": "unknown", "posix.system": "runs-code"}
+    assert {k: (v.verdict, v.described()) for k, v in referenced.items()} == {
+        "__main__.Model": ("runs-code", "imported"),
+        "posix.system": ("runs-code", "imported, called"),
+    }
 
 
 def test_state_dict_pickles_match_pickle_loads_where_both_apply() -> None:

@@ -156,9 +156,13 @@ class PickleGlobal:
     name: str
     """Dotted name, e.g. ``argparse.Namespace``."""
     verdict: str
-    """``allowed`` (read for real), ``runs-code``, ``known-data`` or ``unknown`` (placeholders)."""
+    """torch's verdict: ``allowed`` (on its default weights_only allowlist, read for real) or
+    ``runs-code`` (anything else: an inert placeholder here, imported and used by a full unpickle)."""
     file: str
     """The file whose pickle names it, relative to the checkpoint folder."""
+    use: str = "imported"
+    """What a full unpickle would do with it, in order: ``imported``, ``called``, ``instantiated``,
+    ``state set`` (comma-separated)."""
 
 
 @dataclass(frozen=True, kw_only=True)

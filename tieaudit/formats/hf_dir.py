@@ -238,7 +238,7 @@ def read_torch_part(folder: str, file: str) -> FilePart:
             skipped=sub.skipped,
             skipped_more=sub.skipped_more,
             memory=memory,
-            pickle_globals=tuple(PickleGlobal(g.name, g.verdict, file) for g in sub.pickle_globals),
+            pickle_globals=tuple(dataclasses.replace(g, file=file) for g in sub.pickle_globals),
         )
 
 

@@ -16,6 +16,7 @@ from tieaudit.core.dtypes import ITEMSIZE, itemsize
 from tieaudit.core.errors import InputError
 from tieaudit.core.escape import printable
 from tieaudit.core.records import MAX_KEPT_SKIPPED, Checkpoint, PickleGlobal, Skipped, StorageInfo, TensorInfo
+from tieaudit.formats.pickle_globals import Named
 from tieaudit.formats.pickle_vm import MAX_DEPTH
 from tieaudit.formats.torch_records import DtypeToken, Opaque, Placeholder, StorageRef, TensorRecord, key_name
 from tieaudit.formats.viewable import check_viewable
@@ -208,7 +209,7 @@ def build_checkpoint(
     storages: dict[str, StorageRef],
     *,
     locate: LocateStorage,
-    referenced: Mapping[str, str] | None = None,
+    referenced: Mapping[str, Named] | None = None,
 ) -> OpenCheckpoint:
     """Turn the unpickled object into a Checkpoint: tensors, storages located in the file, skipped leaves."""
     file = os.path.basename(path)
@@ -262,7 +263,7 @@ def build_checkpoint(
         skipped_more=more,
         files=(file,),
         pickle_globals=tuple(
-            PickleGlobal(name, verdict, file) for name, verdict in (referenced or {}).items()
+            PickleGlobal(name, g.verdict, file, use=g.described()) for name, g in (referenced or {}).items()
         ),
     )
     return OpenCheckpoint(checkpoint, ByteStore(os.path.dirname(os.path.abspath(path))))

@@ -186,7 +186,7 @@ def _collector_paused() -> Iterator[None]:
 
 def with_dangerous(exc: InputError, referenced: Referenced) -> InputError:
     """exc, saying also which globals the unreadable file names that would run code."""
-    named = [name for name, verdict in referenced.items() if verdict == "runs-code"]
+    named = [name for name, global_ in referenced.items() if global_.verdict == "runs-code"]
     if not named:
         return exc
     shown = printable(", ".join(named)[:300])

@@ -3,9 +3,9 @@
 ``TorchHooks`` decides what the VM's globals, calls, BUILDs and persistent ids become: the
 stand-ins of ``torch_globals`` for allowlisted names, ``StorageRef`` records for storage ids, and
 an inert ``Placeholder`` for any other global (never imported, never called: calling it makes
-another placeholder holding the arguments). Every global a pickle names is recorded with its
-verdict (``pickle_globals``), so the rules can say which would run code under
-``torch.load(weights_only=False)`` (TIE010) and which are unknown classes (TIE011).
+another placeholder holding the arguments). Every global a pickle names is recorded with torch's
+verdict on it and what loading would do with it (``pickle_globals``): anything outside torch's
+default allowlist would be imported and used under ``torch.load(weights_only=False)`` (TIE010).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Literal
 
 from tieaudit.core.errors import InputError, UnsafeInputError, UnsupportedFormatError, one_line
 from tieaudit.core.escape import printable
-from tieaudit.formats.pickle_globals import Verdict, classify
+from tieaudit.formats.pickle_globals import Named, Use, classify
 from tieaudit.formats.pickle_vm import PickleError, Truncated, run_pickle
 from tieaudit.formats.torch_globals import ALLOWLIST, NOT_READ
 from tieaudit.formats.torch_records import (
@@ -50,8 +50,8 @@ at most about 64 bytes per pickle byte (one small container per one-byte opcode)
 MAX_REFERENCED_GLOBALS = 4096
 """Distinct globals one file's pickles may name; real checkpoints name fewer than 100."""
 
-Referenced = dict[str, Verdict]
-"""The globals a file's pickles name, dotted, with their verdict, in first-reference order."""
+Referenced = dict[str, Named]
+"""The globals a file's pickles name, dotted, with their verdict and use, in first-reference order."""
 
 Layout = Literal["zip", "legacy", "plain"]
 """How persistent ids look: zip archives (5 fields), legacy streams (6 fields), or none allowed."""
@@ -113,17 +113,21 @@ class TorchHooks:
         self.referenced: Referenced = {} if referenced is None else referenced
         """Every global named so far (shared by the pickles of one file)."""
 
-    def _note(self, module: str, name: str, *, allowed: bool) -> None:
+    def _note(self, module: str, name: str) -> None:
         full = f"{module}.{name}"
         if full not in self.referenced:
             if len(self.referenced) >= MAX_REFERENCED_GLOBALS:
                 bad(f"the pickle names more than {MAX_REFERENCED_GLOBALS} distinct globals")
-            self.referenced[full] = classify(module, name, allowed=allowed)
+            self.referenced[full] = Named(classify(module, name))
+
+    def _used(self, value: object, use: Use) -> None:
+        if isinstance(value, Placeholder) and value.name in self.referenced:
+            self.referenced[value.name].uses.add(use)
 
     def find_global(self, module: str, name: str) -> object:
         full = f"{module}.{name}"  # torch looks globals up by the joined name
-        found = ALLOWLIST.get(full)
-        self._note(module, name, allowed=found is not None)
+        self._note(module, name)
+        found = ALLOWLIST.get(full) if self.referenced[full].verdict == "allowed" else None
         if found is not None:
             return found
         why = NOT_READ.get(full) or ("legacy tensor classes" if _legacy_tensor_class(full) else None)
@@ -137,6 +141,7 @@ class TorchHooks:
         if isinstance(func, Global) and func.call is not None:
             return func.call(*args)
         if isinstance(func, Placeholder):
+            self._used(func, "called")
             return Placeholder(func.name, made=True, args=args)
         bad(f"pickle calls {_named(func)}, which tieaudit does not run")
 
@@ -144,6 +149,7 @@ class TorchHooks:
         if isinstance(cls, Global) and cls.new is not None:
             return cls.new(*args)
         if isinstance(cls, Placeholder):
+            self._used(cls, "instantiated")
             return Placeholder(cls.name, made=True, args=args)
         bad(f"pickle creates a {_named(cls)} object (NEWOBJ), which tieaudit does not run")
 
@@ -156,6 +162,7 @@ class TorchHooks:
 
     def build(self, inst: object, state: object) -> None:
         if isinstance(inst, Placeholder):
+            self._used(inst, "state set")
             inst.states += (state,)
             return
         # torch's BUILD sets a tensor's storage view (set_) or a Parameter's state: refused here,

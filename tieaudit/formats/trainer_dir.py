@@ -166,7 +166,7 @@ def read_trainer_files(folder: str, files: Sequence[tuple[str, str, str]]) -> Tr
         storages.update(more_storages)
         skipped += [Skipped(f"{stem}.{s.name}", s.reason) for s in ckpt.skipped]
         more += ckpt.skipped_more
-        named += [PickleGlobal(g.name, g.verdict, file) for g in ckpt.pickle_globals]
+        named += [dataclasses.replace(g, file=file) for g in ckpt.pickle_globals]
         read.append(file)
         layout: TrainingLayout | None = ckpt.training
         found = [_prefixed_optimizer(o, stem, file) for o in layout.optimizers] if layout else []

@@ -26,7 +26,7 @@ from tieaudit.formats.tie_table import Answer, resolve, tie_table
 from tieaudit.graph.detect import keep_rank
 from tieaudit.repair.st_stream import DTYPE_CODES
 
-REFUSED_GLOBALS = ("runs-code", "unknown")
+REFUSED_GLOBALS = ("runs-code",)
 """Pickle globals convert refuses (as torch.load(weights_only=True) does): it converts state dicts."""
 
 
@@ -133,7 +133,7 @@ def refuse_unsafe(ckpt: Checkpoint) -> None:
     if named:
         shown = printable(", ".join(named)[:300])
         raise UnsafeInputError(
-            f"its pickle names {shown} (TIE010/TIE011), which torch.load(weights_only=True) refuses; "
+            f"its pickle names {shown} (TIE010), which torch.load(weights_only=True) refuses; "
             "convert converts state dicts only (nothing in the pickle was run)",
             ckpt.path,
         )

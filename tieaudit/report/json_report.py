@@ -101,7 +101,8 @@ def report_dict(audit: Audit) -> dict[str, Any]:
             report["skipped_total"] = ckpt.skipped_total
     if ckpt.pickle_globals:
         report["pickle_globals"] = [
-            {"name": g.name, "verdict": g.verdict, "file": g.file} for g in ckpt.pickle_globals
+            {"name": g.name, "verdict": g.verdict, "use": g.use, "file": g.file}
+            for g in ckpt.pickle_globals
         ]
     if ckpt.config is not None:
         config = ckpt.config

@@ -196,7 +196,7 @@ def pickle_globals_line(used: tuple[PickleGlobal, ...]) -> str:
     """How many globals the pickles name, by verdict, the worst ones spelled out."""
     counts = Counter(g.verdict for g in used)
     parts = [f"{counts[v]} {v}" for v in VERDICTS if counts[v]]
-    worst = [g.name for g in used if g.verdict in ("runs-code", "unknown")][:6]
+    worst = [g.name for g in used if g.verdict == "runs-code"][:6]
     named = f" ({', '.join(printable(n) for n in worst)})" if worst else ""
     return f"Pickle globals: {', '.join(parts)}{named}; none was imported or called."
 

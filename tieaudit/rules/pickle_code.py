@@ -1,41 +1,48 @@
 """TIE010 pickle-runs-code and TIE011 pickle-unknown-global: what a checkpoint's pickle would import.
 
-tieaudit reads every pickle with inert placeholders for globals outside its allowlist, so these
-rules only report what the file names; nothing was imported or called to find it. One finding per
-file and rule, naming every such global the file's pickles reference.
+The verdict is torch's (``formats/pickle_globals.py``): a pickle naming any global outside torch's
+default weights_only allowlist needs ``torch.load(weights_only=False)``, which imports that global
+and does with it what the pickle asks (TIE010, an error). tieaudit read it with inert placeholders,
+so these rules only report what the file names; nothing was imported or called to find it.
+
+TIE011 (a note) takes the names a policy lists in ``safe-globals``, the exact names the user passes
+to ``torch.serialization.add_safe_globals`` to load such files: the user vouches for them, so
+they are reported, not failed. Nothing else makes a name pass.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+from tieaudit.core.records import PickleGlobal
 from tieaudit.rules.finding import Audited, Finding, Rule
 
 MAX_NAMED = 8
 """Globals spelled out in one finding's message (all of them are in its ``names``)."""
 
 
-def _by_file(audited: Audited, verdict: str) -> dict[str, list[str]]:
-    found: dict[str, list[str]] = {}
+def _by_file(audited: Audited, *, vouched: bool) -> dict[str, list[PickleGlobal]]:
+    found: dict[str, list[PickleGlobal]] = {}
+    safe = audited.policy.safe_globals
     for used in audited.graph.checkpoint.pickle_globals:
-        if used.verdict == verdict:
-            found.setdefault(used.file, []).append(used.name)
+        if used.verdict == "runs-code" and (used.name in safe) == vouched:
+            found.setdefault(used.file, []).append(used)
     return found
 
 
-def _listed(names: list[str]) -> str:
-    shown = ", ".join(names[:MAX_NAMED])
-    return shown + (f" and {len(names) - MAX_NAMED} more" if len(names) > MAX_NAMED else "")
+def _listed(named: list[PickleGlobal]) -> str:
+    shown = "; ".join(f"{g.name} ({g.use})" for g in named[:MAX_NAMED])
+    return shown + (f"; and {len(named) - MAX_NAMED} more" if len(named) > MAX_NAMED else "")
 
 
 def runs_code_findings(audited: Audited) -> Iterator[Finding]:
-    """TIE010: a file whose pickle names a global that runs code when the file is unpickled."""
-    for file, names in _by_file(audited, "runs-code").items():
+    """TIE010: a file whose pickle names a global outside torch's default weights_only allowlist."""
+    for file, named in _by_file(audited, vouched=False).items():
         yield RUNS_CODE.finding(
-            names,
-            f"{file} runs code when loaded with torch.load(weights_only=False) or pickle: its pickle "
-            f"calls or imports {_listed(names)}. tieaudit read it with inert placeholders and called "
-            "nothing.",
+            [g.name for g in named],
+            f"{file} needs torch.load(weights_only=False), which would import and use globals outside "
+            f"torch's weights_only allowlist: {_listed(named)}. torch.load(weights_only=True) refuses "
+            "the file; tieaudit read it with inert placeholders and called nothing.",
             fix="do not load this file with weights_only=False; rebuild it from a trusted source "
             "(or keep only its tensors, e.g. as safetensors)",
             details={"file": file},
@@ -43,16 +50,14 @@ def runs_code_findings(audited: Audited) -> Iterator[Finding]:
 
 
 def unknown_findings(audited: Audited) -> Iterator[Finding]:
-    """TIE011: a file whose pickle names classes outside the known-safe set."""
-    for file, names in _by_file(audited, "unknown").items():
+    """TIE011: a file whose pickle names globals the policy's safe-globals vouches for."""
+    for file, named in _by_file(audited, vouched=True).items():
         yield UNKNOWN_GLOBAL.finding(
-            names,
-            f"{file} names {len(names)} global{'s' if len(names) > 1 else ''} outside the known-safe "
-            f"set: {_listed(names)}. torch.load(weights_only=True) refuses the file; "
-            f"weights_only=False would import and call {'them' if len(names) > 1 else 'it'}. "
-            "tieaudit read it with inert placeholders.",
-            fix="load it with torch.serialization.safe_globals([...]) naming only classes you trust, "
-            "or save plain data (dicts, lists, numbers, strings) instead of objects",
+            [g.name for g in named],
+            f"{file} names globals outside torch's default weights_only allowlist that the policy's "
+            f"safe-globals vouches for: {_listed(named)}. torch.load(weights_only=True) loads it only "
+            "with torch.serialization.add_safe_globals naming them.",
+            fix="load it inside torch.serialization.safe_globals([...]) naming exactly these globals",
             details={"file": file},
         )
 
@@ -61,13 +66,15 @@ RUNS_CODE = Rule(
     id="TIE010",
     kind="pickle-runs-code",
     severity="error",
-    summary="A pickle references a global that runs code when loaded with torch.load(weights_only=False).",
+    summary="A pickle needs torch.load(weights_only=False): it names a global outside torch's "
+    "weights_only allowlist, which loading would import and call.",
     check=runs_code_findings,
 )
 UNKNOWN_GLOBAL = Rule(
     id="TIE011",
     kind="pickle-unknown-global",
     severity="note",
-    summary="A pickle references a class outside the known-safe set (read as an inert placeholder).",
+    summary="A pickle names a global torch loads only after add_safe_globals, and the policy's "
+    "safe-globals vouches for it.",
     check=unknown_findings,
 )

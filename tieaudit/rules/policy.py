@@ -21,6 +21,7 @@ from tieaudit.core.globs import compile_glob, glob_matches, posix_relative
 from tieaudit.core.limits import NotRegularFile, TooLarge, nesting_depth_exceeds, parse_failure, read_limited
 from tieaudit.core.records import DeclaredTie
 from tieaudit.core.units import parse_size
+from tieaudit.formats.pickle_globals import blocked
 from tieaudit.graph import DEFAULT_MIN_BYTES
 from tieaudit.graph.detect import ALL_RELATIONS
 from tieaudit.rules.finding import SEVERITIES, Severity
@@ -80,6 +81,9 @@ class Policy:
     """Also ask ONNX Runtime's optimizer whether it duplicates a shared initializer (TIE005)."""
     max_wasted_bytes: int | None = None
     """TIE009 when the findings of one checkpoint waste more bytes than this."""
+    safe_globals: frozenset[str] = frozenset()
+    """Exact dotted names the user loads with ``torch.serialization.add_safe_globals``: a pickle
+    naming them gets TIE011 (a note) for them instead of TIE010. Never prefixes."""
     paths: tuple[PathPolicy, ...] = ()
     """Per-glob overrides, in file order."""
     root: str = "."
@@ -217,6 +221,22 @@ def _expected(entries: Any, where: str) -> tuple[DeclaredTie, ...]:
     return tuple(ties)
 
 
+def _safe_globals(value: Any, where: str) -> frozenset[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise UsageError("safe-globals must be an array of dotted names (module.qualname)", where)
+    for name in value:
+        module, _, attr = name.rpartition(".")
+        if not module or not attr or any(not part.isidentifier() for part in name.split(".")):
+            raise UsageError(f"safe-globals entry {brief(name)} is not a dotted module.qualname", where)
+        if blocked(name):
+            raise UsageError(
+                f"safe-globals entry {brief(name)} is in a module torch refuses even after "
+                "add_safe_globals (sys, os, posix, nt)",
+                where,
+            )
+    return frozenset(value)
+
+
 # policy key -> (Policy field, parser): the same keys are valid at the top and in [[path]].
 SETTINGS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "fail-on": ("fail_on", _severity),
@@ -226,6 +246,7 @@ SETTINGS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "expect-tie": ("expected_ties", _expected),
     "relations": ("relations", _relations),
     "max-wasted-bytes": ("max_wasted_bytes", _byte_count("max-wasted-bytes")),
+    "safe-globals": ("safe_globals", _safe_globals),
 }
 
 
