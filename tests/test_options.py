@@ -275,6 +275,7 @@ def test_show_settings_prints_every_key_with_its_origin_and_audits_nothing(
         "min-size": "command line",
         "ignore": f"{policy_file} + command line",
         "relations": "default",
+        "safe-globals": "default",
         "runtime": "default",
         "exclude": "command line",
     }

@@ -18,7 +18,9 @@ COMMITTED = ROOT / "tieaudit" / "formats" / "torch_allowlist.json"
 
 
 def _generator() -> object:
-    spec = importlib.util.spec_from_file_location("gen_torch_allowlist", ROOT / "scripts" / "gen_torch_allowlist.py")
+    spec = importlib.util.spec_from_file_location(
+        "gen_torch_allowlist", ROOT / "scripts" / "gen_torch_allowlist.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

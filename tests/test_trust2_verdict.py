@@ -144,7 +144,9 @@ def test_policy_safe_globals_turns_exactly_those_names_into_tie011(tmp_path: Pat
         assert _with_policy(tmp_path, near_miss).returncode == 1, near_miss
 
 
-@pytest.mark.parametrize("name", ["os.system", "posix.system", "sys.modules", "nt.system", "argparse", "a..b"])
+@pytest.mark.parametrize(
+    "name", ["os.system", "posix.system", "sys.modules", "nt.system", "argparse", "a..b"]
+)
 def test_policy_refuses_safe_globals_torch_never_accepts(name: str, tmp_path: Path) -> None:
     done = _with_policy(tmp_path, [name])
     assert done.returncode == 2

@@ -149,7 +149,7 @@ class Skipped:
     """Why it was not read as a tensor, e.g. ``int leaf``."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PickleGlobal:
     """A global a pickle names (a class or function it would import), never imported by tieaudit."""
 

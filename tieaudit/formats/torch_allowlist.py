@@ -15,7 +15,7 @@ from functools import cache
 from importlib import resources
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TorchAllowlist:
     """What torch's unpickler decides a GLOBAL by (see ``scripts/gen_torch_allowlist.py``)."""
 

@@ -263,7 +263,8 @@ def build_checkpoint(
         skipped_more=more,
         files=(file,),
         pickle_globals=tuple(
-            PickleGlobal(name, g.verdict, file, use=g.described()) for name, g in (referenced or {}).items()
+            PickleGlobal(name=name, verdict=g.verdict, file=file, use=g.described())
+            for name, g in (referenced or {}).items()
         ),
     )
     return OpenCheckpoint(checkpoint, ByteStore(os.path.dirname(os.path.abspath(path))))

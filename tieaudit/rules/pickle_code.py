@@ -55,8 +55,8 @@ def unknown_findings(audited: Audited) -> Iterator[Finding]:
         yield UNKNOWN_GLOBAL.finding(
             [g.name for g in named],
             f"{file} names globals outside torch's default weights_only allowlist that the policy's "
-            f"safe-globals vouches for: {_listed(named)}. torch.load(weights_only=True) loads it only "
-            "with torch.serialization.add_safe_globals naming them.",
+            f"safe-globals vouches for: {_listed(named)}. torch.load(weights_only=True) refuses it "
+            "unless torch.serialization.add_safe_globals names them (and the types their calls return).",
             fix="load it inside torch.serialization.safe_globals([...]) naming exactly these globals",
             details={"file": file},
         )
