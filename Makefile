@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 # torch is pinned before the project: 2.13.0 is the local CPU wheel; a range would pull a CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: install demo test lint fixtures bench bench-scale fuzz clean tie-table sweep
+.PHONY: install demo test lint fixtures bench bench-scale fuzz clean tie-table torch-allowlist sweep
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ fixtures: $(STAMP)
 # run after changing the pinned transformers version, then commit the table.
 tie-table: $(STAMP)
 	$(PY) scripts/gen_tie_table.py --jobs 2
+
+# torch's weights_only allowlist (tieaudit/formats/torch_allowlist.json) from the installed torch:
+# run after changing the pinned torch version, then commit the data (tests/test_torch_allowlist.py).
+torch-allowlist: $(STAMP)
+	$(PY) scripts/gen_torch_allowlist.py
 
 # The architecture sweep (tests/sweep): every class of the tie table that transformers builds tiny
 # on CPU, each variant written, audited, retied and reloaded; tests/sweep/LAST_RUN.md and .json.
