@@ -25,10 +25,10 @@ from __future__ import annotations
 import os
 
 from tieaudit.core.errors import InputError
-from tieaudit.formats.magic import ZIP_MAGIC
 from tieaudit.formats.pickle_vm import Truncated
 from tieaudit.formats.torch_legacy import MAGIC_NUMBER, MAX_HEADER_PICKLE_BYTES
 from tieaudit.formats.torch_pickle import load_pickle
+from tieaudit.formats.zip_archive import LOCAL_MAGIC as ZIP_MAGIC  # not from magic, which imports this
 from tieaudit.formats.zip_archive import pread, read_archive
 
 LEGACY_MAGIC = b"\x8a\x0a" + MAGIC_NUMBER.to_bytes(10, "little")
