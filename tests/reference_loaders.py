@@ -1,12 +1,12 @@
-"""The reference loaders (the safetensors library, onnx.load with external data), run on untrusted
-files in a child process with an address-space cap and a timeout per file.
+"""The reference loaders (the safetensors library, onnx.load with external data, gguf's GGUFReader),
+run on untrusted files in a child process with an address-space cap and a timeout per file.
 
 A hostile file may make a reference loader allocate without bound, crash or hang: any of these
 counts as "the reference refuses". One worker reads many files (imports cost once); when it dies
 or stalls on a file, that file is recorded as refused and a fresh worker takes the rest.
 
 Run as a script, this module is the worker: one JSON request per line on stdin
-(``{"kind": "safetensors" | "onnx", "path": ...}``), one JSON result per line on stdout.
+(``{"kind": "safetensors" | "onnx" | "gguf", "path": ...}``), one JSON result per line on stdout.
 """
 
 from __future__ import annotations
@@ -131,8 +131,28 @@ def _onnx(path: str) -> dict[str, Any]:
     return {"tensors": tensors, "metadata": None}
 
 
+def _gguf(path: str) -> dict[str, Any]:
+    import warnings
+
+    from gguf import GGUFReader
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reader = GGUFReader(path)
+    tensors = [
+        {
+            "name": tensor.name,
+            "ggml_type": tensor.tensor_type.name,
+            "shape": list(tensor.data.shape),
+            "sha256": sha256(tensor.data.tobytes()),
+        }
+        for tensor in reader.tensors
+    ]
+    return {"tensors": tensors, "metadata": None}
+
+
 def _serve() -> int:
-    readers = {"safetensors": _safetensors, "onnx": _onnx}
+    readers = {"safetensors": _safetensors, "onnx": _onnx, "gguf": _gguf}
     for line in sys.stdin:
         request = json.loads(line)
         try:

@@ -246,6 +246,12 @@ def _location_is_external_without_flag() -> bytes:
     return _model([proto])
 
 
+def _repeated_location(first: str, last: str) -> bytes:
+    proto = _external("E", first, [16, 4], offset="0", length="256")
+    proto.external_data.add(key="location", value=last)  # onnx and tieaudit: the last one counts
+    return _model([proto])
+
+
 def _subgraph_constant() -> bytes:
     value = _external("c", "w.bin", [4], offset="16", length="16")
     branch = helper.make_graph(
@@ -295,6 +301,16 @@ CRAFTED: dict[str, bytes] = {
     "typed_fields": _typed_fields(),
     "empty_location": _e("", offset="0", length="256"),
     "folder_location": _e("sub", offset="0", length="0"),
+    "dots_in_file_name": _e("w..bin", offset="0", length="256"),  # onnx finds '..' in any name
+    "dots_in_folder_name": _e("sub..x/w.bin", offset="0", length="256"),
+    "hash_location": _e("#w.bin", offset="0", length="256"),
+    "hard_link_to_outside": _e("outside_link.bin", offset="0", length="256"),
+    "hard_link_inside": _e("twin_a.bin", offset="0", length="256"),
+    "repeated_location_last_counts": _repeated_location("missing.bin", "w.bin"),
+    "repeated_location_last_leaves": _repeated_location("w.bin", "../w.bin"),
+    "basepath_elsewhere": _e("w.bin", offset="0", length="256", basepath="sub"),
+    "length_past_end": _e("w.bin", offset="8", length="256"),
+    "offset_at_end_empty": _model([_external("E", "w.bin", [0, 4], offset="260", length="0")]),
 }
 """Models next to each external-data rule's edge, and typed-field encodings (both verdicts occur)."""
 
@@ -306,6 +322,13 @@ def crafted_files(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     (folder / "w.bin").write_bytes(data)
     (folder / "sub").mkdir()
     (folder / "sub" / "w.bin").write_bytes(data)
+    (folder / "sub..x").mkdir()
+    for name in ("w..bin", "#w.bin", "sub..x/w.bin", "twin_a.bin"):
+        (folder / name).write_bytes(data)
+    os.link(folder / "twin_a.bin", folder / "twin_b.bin")  # one file, two names, both inside
+    outside = tmp_path_factory.mktemp("outside-the-model") / "secret.bin"
+    outside.write_bytes(data)
+    os.link(outside, folder / "outside_link.bin")  # made in the folder, reaching a file outside it
     paths = []
     for label, raw in CRAFTED.items():
         path = folder / f"{label}.onnx"

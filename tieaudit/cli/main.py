@@ -243,8 +243,9 @@ def check(
     """Gate a release: exit 1 when findings reach --fail-on.
 
     PATH is a checkpoint file, a Hugging Face model folder (one model), or any other
-    folder, searched for .pt/.pth/.bin/.ckpt/.pth.tar/.safetensors/.onnx files and model
-    folders (hidden folders skipped); in a model folder, every file its reader does not
+    folder, searched for .pt/.pth/.bin/.ckpt/.pth.tar/.safetensors/.onnx/.gguf files, for
+    files torch.load would take under any name (found by content: .pkl, .pth.zip, none),
+    and model folders (hidden folders skipped); in a model folder, every file its reader does not
     read (an onnx/ export, a variant safetensors, a .ckpt) is audited on its own. Every
     other file is skipped with a reason, counted in the closing line (--show-files lists
     them). Checkpoints are audited in parallel, in --jobs processes, or on the workers of

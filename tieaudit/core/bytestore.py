@@ -13,7 +13,7 @@ import threading
 import numpy as np
 
 from tieaudit.core.dtypes import itemsize, to_numpy
-from tieaudit.core.errors import InputError
+from tieaudit.core.errors import InputError, UnsafeInputError
 from tieaudit.core.records import Checkpoint, StorageInfo, TensorInfo
 
 
@@ -36,6 +36,26 @@ class ByteStore:
         self._maps: dict[str, mmap.mmap] = {}
         self._fds: dict[str, int] = {}
         self._memory: dict[str, bytes] = {}
+        self._pins: dict[str, tuple[int, int]] = {}
+        """File -> the (device, inode) a reader checked it as: what opening it must find."""
+
+    def pin(self, file: str, identity: tuple[int, int]) -> None:
+        """Read file only if opening it finds identity, with one link: the file a reader checked
+        by path (ONNX external data), not one swapped in or hard-linked after the check."""
+        self._pins[file] = identity
+
+    def _check_opened(self, file: str, fd: int, path: str) -> None:
+        pinned = self._pins.get(file)
+        if pinned is None:
+            return
+        status = os.fstat(fd)
+        if (status.st_dev, status.st_ino) != pinned:
+            raise UnsafeInputError("was replaced after it was checked; nothing was read from it", path)
+        if status.st_nlink > 1:
+            raise UnsafeInputError(
+                f"has {status.st_nlink} hard links (made after it was checked); nothing was read from it",
+                path,
+            )
 
     def hold(self, storage_id: str, data: bytes) -> None:
         """Keep bytes that live in memory (e.g. ONNX data embedded in the protobuf)."""
@@ -52,6 +72,7 @@ class ByteStore:
         path = os.path.join(self.root, file)
         try:
             with open(path, "rb") as handle:
+                self._check_opened(file, handle.fileno(), path)
                 if os.fstat(handle.fileno()).st_size == 0:
                     raise InputError("file is empty", path)
                 mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
@@ -88,6 +109,11 @@ class ByteStore:
                     fd = os.open(path, os.O_RDONLY)
                 except OSError as exc:
                     raise InputError(f"cannot read: {exc.strerror or exc}", path) from exc
+                try:
+                    self._check_opened(file, fd, path)
+                except InputError:
+                    os.close(fd)
+                    raise
                 self._fds[file] = fd
             return fd
 

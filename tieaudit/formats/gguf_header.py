@@ -57,6 +57,9 @@ _READ_VALUES = frozenset({"general.architecture", "general.alignment", "tokenize
 """Keys whose values are read; ``*.vocab_size`` too. Others are only stepped over."""
 _COUNTED_ARRAYS = frozenset({"tokenizer.ggml.tokens"})
 """Arrays whose length is kept (the vocabulary's size)."""
+ALIGNMENT_KEY = "general.alignment"
+_RESERVED_KEYS = frozenset({"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"})
+"""Names gguf.GGUFReader gives the header's own fields: a key so named is a duplicate it refuses."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -184,8 +187,16 @@ def _read_values(cursor: _Cursor, count: int) -> tuple[dict[str, object], dict[s
         what = f"the value of {quoted(key)}"
         if key in keys:
             raise InputError(f"key {quoted(key)} appears twice (readers differ on which counts)", cursor.path)
+        if key in _RESERVED_KEYS:
+            raise InputError(f"key {quoted(key)} is the name gguf's reader gives a header field", cursor.path)
         keys.add(key)
         code = _value_type(cursor, what)
+        if key == ALIGNMENT_KEY and code != GGUFValueType.UINT32:
+            # gguf.GGUFReader refuses any other type ("Bad type for general.alignment field")
+            type_name = GGUFValueType(code).name
+            raise InputError(
+                f"{ALIGNMENT_KEY} has type {type_name}; gguf's reader takes only UINT32", cursor.path
+            )
         wanted = key in _READ_VALUES or key.endswith(".vocab_size")
         if code == GGUFValueType.ARRAY:
             length = _skip_array(cursor, what, 1)
@@ -252,14 +263,10 @@ def parse_header(data: mmap.mmap, path: str) -> GgufHeader:
         if count > limit:
             raise InputError(f"header declares {count} {what}, more than the {limit} tieaudit reads", path)
     values, lengths = _read_values(cursor, counts[1])
-    alignment = values.get("general.alignment", 32)
-    if (
-        not isinstance(alignment, int)
-        or isinstance(alignment, bool)
-        or alignment <= 0
-        or alignment & (alignment - 1)
-    ):
-        raise InputError(f"general.alignment {alignment!r} is not a power of two", path)
+    alignment = values.get(ALIGNMENT_KEY, 32)
+    assert isinstance(alignment, int)  # a UINT32 (_read_values refuses every other type)
+    if alignment <= 0 or alignment & (alignment - 1):
+        raise InputError(f"{ALIGNMENT_KEY} {alignment} is not a power of two", path)
     cursor.need(counts[0] * 24, f"{counts[0]} tensor infos")  # a name length, type, offset, dims count
     infos = [_tensor_info(cursor, index) for index in range(counts[0])]
     data_start = -(-cursor.pos // alignment) * alignment

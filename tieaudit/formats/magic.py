@@ -98,9 +98,13 @@ def read_head(path: str) -> tuple[bytes, int]:
 
 
 def refuse_head(path: str, head: bytes, size: int) -> None:
-    """Refuse a file no reader should try: a Git LFS pointer, or a format tieaudit does not read."""
+    """Refuse a file no reader should try: a Git LFS pointer, or a format tieaudit does not read
+    (unless torch.load would take it: a torch.save zip named ``.npz``, a legacy stream ``.msgpack``)."""
     if is_lfs_pointer(head, size):
         raise LfsPointerError(LFS_POINTER, path)
     recognised = recognised_unsupported(head, os.path.basename(path))
     if recognised is not None:
-        raise UnsupportedFormatError(recognised, path)
+        from tieaudit.formats.torch_sniff import is_torch_content
+
+        if not is_torch_content(path, head):
+            raise UnsupportedFormatError(recognised, path)

@@ -3,7 +3,14 @@ model's folder.
 
 Nothing here opens a file: every check uses ``os.lstat``, so a location that would leave the
 folder (``..``, an absolute path, a symlink anywhere on the way) is refused before any byte of
-it is read. The bytes are mapped later by the ByteStore, relative to the model's folder.
+it is read. The bytes are mapped later by the ByteStore, relative to the model's folder, which
+checks when it opens the file that it is still the one checked here (``ByteStore.pin``).
+
+The refusals mirror onnx's own (``resolve_external_data_location`` and ``open_external_data`` in
+onnx/checker.cc, onnx 1.23): an absolute location; ``..`` anywhere in the location, a file name
+such as ``w..bin`` included (onnx searches the normalised location for the two characters); a
+symbolic link; anything but a regular file; and a file with more than one hard link (a hard link
+made inside the folder reaches a file outside it, which no path check can see).
 
 Where onnx's loader (``onnx.load`` + ``numpy_helper.to_array``) and ONNX Runtime could read
 different bytes for one entry, the entry is refused rather than read one way: a backslash (a
@@ -56,6 +63,8 @@ def location_parts(what: str, location: str, model_path: str) -> list[str]:
         raise UnsafeInputError(f"{refuse} is absolute; only the model's folder is read", model_path)
     if ".." in re.split(r"[/\\]", location):
         raise UnsafeInputError(f"{refuse} contains '..'; only the model's folder is read", model_path)
+    if ".." in location:  # onnx refuses '..' anywhere, within a file name too
+        raise UnsafeInputError(f"{refuse} contains '..' in a name, which onnx.load refuses", model_path)
     if "\\" in location:
         raise InputError(
             f"{refuse} contains a backslash, a folder separator on Windows but part of the file "
@@ -68,6 +77,15 @@ def location_parts(what: str, location: str, model_path: str) -> list[str]:
     return [part for part in parts if part not in ("", ".")]
 
 
+def hard_links_refused(refuse: str, links: int) -> str:
+    """The refusal of external data with several hard links (onnx.load refuses it: one of the
+    links may have been made to a file outside the model's folder)."""
+    return (
+        f"{refuse} is a file with {links} hard links, which onnx.load refuses: a hard link can "
+        "reach a file outside the model's folder"
+    )
+
+
 class ExternalFiles:
     """Confines external-data locations to one model's folder; each location is checked once."""
 
@@ -76,6 +94,8 @@ class ExternalFiles:
         self.model_path = model_path
         self.root = os.path.realpath(model_dir)
         self._checked: dict[str, tuple[str, int]] = {}
+        self.identities: dict[str, tuple[int, int]] = {}
+        """Normalised location -> (device, inode) of the file checked: what opening it must find."""
 
     def _lstat_components(self, parts: list[str], refuse: str) -> os.stat_result:
         current = self.model_dir
@@ -112,7 +132,11 @@ class ExternalFiles:
             raise UnsafeInputError(
                 f"{refuse} resolves to {quoted(resolved)}, outside the model's folder", self.model_path
             )
-        self._checked[location] = ("/".join(parts), status.st_size)
+        if status.st_nlink > 1:
+            raise UnsafeInputError(hard_links_refused(refuse, status.st_nlink), self.model_path)
+        normalised = "/".join(parts)
+        self.identities[normalised] = (status.st_dev, status.st_ino)
+        self._checked[location] = (normalised, status.st_size)
         return self._checked[location]
 
     def extent(self, what: str, entries: Iterable[tuple[str, str]], expected: int | None) -> ExternalRange:

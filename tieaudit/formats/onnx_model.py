@@ -330,6 +330,8 @@ class _Collector:
 
     def checkpoint(self, declared: tuple[DeclaredTie, ...] = ()) -> OpenCheckpoint:
         """The Checkpoint gathered so far, with the store its bytes are read through."""
+        for file, identity in self.external.identities.items():
+            self.store.pin(file, identity)  # opened later: it must still be the file checked
         checkpoint = Checkpoint(
             path=self.path,
             format="onnx",

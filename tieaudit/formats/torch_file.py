@@ -24,14 +24,14 @@ from tieaudit.formats.interface import Reader
 from tieaudit.formats.magic import ZIP_MAGIC
 from tieaudit.formats.pickle_vm import MAX_DEPTH, Truncated
 from tieaudit.formats.torch_checkpoint import ROOT_NAME, LocateStorage, build_checkpoint, flatten
-from tieaudit.formats.torch_legacy import MAGIC_NUMBER, read_legacy
+from tieaudit.formats.torch_legacy import read_legacy
 from tieaudit.formats.torch_pickle import MAX_PICKLE_BYTES, Referenced, load_pickle, truncated_error
 from tieaudit.formats.torch_records import StorageRef, key_name
+from tieaudit.formats.torch_sniff import is_legacy_stream, is_torch_content
 from tieaudit.formats.training import training_layout
 from tieaudit.formats.zip_archive import (
     ZipArchive,
     ZipMember,
-    pread,
     read_archive,
     read_member,
     shown,
@@ -39,21 +39,12 @@ from tieaudit.formats.zip_archive import (
 
 __all__ = ["MAX_DEPTH", "MAX_PICKLE_BYTES", "ROOT_NAME", "ZIP_MAGIC", "TorchReader", "flatten", "key_name"]
 
-LEGACY_MAGIC = b"\x8a\x0a" + MAGIC_NUMBER.to_bytes(10, "little")
-"""The LONG1 opcode pickling MAGIC_NUMBER, which every legacy file starts with (after PROTO)."""
 MAX_SMALL_RECORD_BYTES = 4096
 """version, byteorder, .storage_alignment: a few bytes each in every torch.save archive."""
 SUPPORTED_VERSIONS = range(1, 11)
 """The archive versions torch 2.13 reads (kMinSupportedFileFormatVersion..kMaxSupportedFileFormatVersion)."""
-SNIFF_TAIL_BYTES = 1 << 20
-"""Bytes at the end of a malformed zip searched for a data.pkl name when sniffing."""
 _VERSION = re.compile(rb"\s*(\d{1,19})\s*")
 _AMBIGUOUS = "torch and tieaudit could read different data"
-
-
-def _is_legacy(head: bytes) -> bool:
-    # PROTO n then LONG1 of the magic number (FRAME is an opcode torch refuses).
-    return head.startswith(LEGACY_MAGIC) or (head[:1] == b"\x80" and head[2:].startswith(LEGACY_MAGIC))
 
 
 def _prefix(archive: ZipArchive, path: str) -> str:
@@ -149,27 +140,6 @@ def _read_zip(
     return root, storages, _zip_locator(archive, prefix, path)
 
 
-def _is_zip(path: str, head: bytes) -> bool:
-    if not head.startswith(ZIP_MAGIC):
-        return False
-    name_len = int.from_bytes(head[26:28], "little") if len(head) >= 30 else 0
-    if head[30 : 30 + name_len].lower().endswith(b"/data.pkl"):
-        return True  # torch writes data.pkl first; no need to read the archive
-    try:
-        with open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            try:
-                archive = read_archive(handle.fileno(), size, path)
-            except InputError:
-                # Malformed (glued, prepended, ...): still torch's if its end names a data.pkl, so
-                # that reading it says what is wrong rather than "not a checkpoint".
-                tail = pread(handle.fileno(), min(size, SNIFF_TAIL_BYTES), size - min(size, SNIFF_TAIL_BYTES))
-                return b"/data.pkl" in tail.lower()
-    except OSError:
-        return False
-    return any(name.count(b"/") == 1 and name.endswith(b"/data.pkl") for name in archive.folded)
-
-
 @contextlib.contextmanager
 def _collector_paused() -> Iterator[None]:
     """Pause the cyclic garbage collector: unpickling allocates one container per opcode or so, and
@@ -200,7 +170,7 @@ class TorchReader(Reader):
     format = "torch"
 
     def sniff(self, path: str, head: bytes) -> bool:
-        return _is_zip(path, head) or _is_legacy(head)
+        return is_torch_content(path, head)  # by content, as torch.load: any name
 
     def read(self, path: str) -> OpenCheckpoint:
         referenced: Referenced = {}
@@ -211,7 +181,7 @@ class TorchReader(Reader):
                 head = os.pread(fd, 64, 0)
                 if head.startswith(ZIP_MAGIC):
                     root, storages, locate = _read_zip(fd, size, path, referenced=referenced)
-                elif _is_legacy(head):
+                elif is_legacy_stream(path, head):
                     root, storages, locate = read_legacy(fd, size, path, referenced=referenced)
                 else:
                     raise UnsupportedFormatError("not a torch.save file (neither zip nor legacy magic)", path)

@@ -28,6 +28,7 @@ from tieaudit.formats.hf_covered import covered_files
 from tieaudit.formats.hf_dir import SAFE_INDEX, TORCH_INDEX, TORCH_SINGLE, hub_blobs
 from tieaudit.formats.hf_ties import CONFIG
 from tieaudit.formats.magic import GGUF_MAGIC, is_lfs_pointer, might_be_torch, read_head
+from tieaudit.formats.torch_sniff import is_torch_content
 from tieaudit.gate.files import (
     EXCLUDED,
     HIDDEN,
@@ -57,8 +58,10 @@ CHECKPOINT_SUFFIXES = (".pt", ".pth", ".safetensors", ".onnx", ".gguf")
 """Audited by name (unless a Git LFS pointer): the audit says what is wrong with one that is not
 what its name says."""
 TORCH_SUFFIXES = (".bin", ".ckpt", ".tar")
-"""Audited when they hold torch.save data (a zip or a pickle): a raw ``.bin`` is ONNX external
-data, a ``.ckpt`` may be TensorFlow's, a ``.tar`` an archive (``.pth.tar`` is torch's convention)."""
+"""Audited when they start like torch.save data (a zip or a pickle): a raw ``.bin`` is ONNX external
+data, a ``.ckpt`` may be TensorFlow's, a ``.tar`` an archive (``.pth.tar`` is torch's convention).
+Any other file, whatever its name, is audited when its content is what torch.load takes
+(``formats.torch_sniff``): torch.load never looks at the name."""
 LINK_OUTSIDE = "is a link to a file outside the folder searched; name it on the command line to audit it"
 
 
@@ -249,9 +252,13 @@ class _Walk:
             head = b""
         if head.startswith(GGUF_MAGIC):  # a GGUF file under any name
             return True
-        if named and not is_lfs_pointer(head, status.st_size):
-            if entry.name.endswith(CHECKPOINT_SUFFIXES) or might_be_torch(head):
-                return True
+        if is_lfs_pointer(head, status.st_size):
+            self._skip(entry.path, skip_reason(head, entry.name, status.st_size))
+            return False
+        if named and (entry.name.endswith(CHECKPOINT_SUFFIXES) or might_be_torch(head)):
+            return True
+        if is_torch_content(entry.path, head):  # torch.load takes it, whatever its name
+            return True
         self._skip(entry.path, skip_reason(head, entry.name, status.st_size))
         return False
 
