@@ -9,6 +9,8 @@ way torch's function would (or refuses what torch would refuse) and returns plai
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable
 
 from tieaudit.core.dtypes import ITEMSIZE
@@ -47,6 +49,8 @@ _LABEL_ONLY_DTYPES = (
     "qint32 qint8 quint2x4 quint4x2 quint8 " + " ".join(f"int{n} uint{n}" for n in range(1, 8))
 ).split()
 """Dtypes torch's allowlist names that tieaudit cannot view as numpy: allowed as labels only."""
+QUANTIZED_DTYPES = frozenset("qint32 qint8 quint2x4 quint4x2 quint8".split())
+"""Dtypes torch has no meta (or empty) tensors of."""
 
 GRAD_DTYPES = frozenset(
     "bfloat16 complex128 complex32 complex64 float16 float32 float4_e2m1fn_x2 float64 float8_e4m3fn "
@@ -95,14 +99,17 @@ def _requires_grad(value: object, dtype: str) -> None:
 
 
 def _flags(metadata: object, dtype: str) -> frozenset[str]:
+    """torch._utils.set_tensor_metadata's bits. torch skips falsy metadata and takes a dict of str to
+    bool; only what torch.save writes is read ({"conj": True}, {"neg": True}), anything else refused."""
     if not metadata:
         return frozenset()
-    if type(metadata) is not dict:
-        bad(f"tensor metadata is {type(metadata).__name__}, expected a dict")
-    flags = frozenset(key for key in ("conj", "neg") if metadata.get(key))
-    if "conj" in flags and not dtype.startswith("complex"):
-        bad(f"the conj bit on a {dtype} tensor, which torch refuses")
-    return flags
+    if type(metadata) is not dict or not all(
+        key in ("conj", "neg") and type(value) is bool for key, value in metadata.items()
+    ):
+        bad("tensor metadata other than conj/neg bits, which tieaudit does not read")
+    if "conj" in metadata and not dtype.startswith("complex"):
+        bad(f"the conj bit (even unset) on a {dtype} tensor, which torch refuses")
+    return frozenset(key for key in ("conj", "neg") if metadata.get(key))
 
 
 def _view(args: tuple[object, ...], dtype: str | None, metadata: object = None) -> TensorRecord:
@@ -198,10 +205,13 @@ def rebuild_parameter_with_state(*args: object) -> object:
 def rebuild_meta(*args: object) -> Opaque:
     """``_rebuild_meta_tensor_no_storage(dtype, size, stride, requires_grad)``: no bytes to audit."""
     _arity("_rebuild_meta_tensor_no_storage", args, 4)
-    if not isinstance(args[0], DtypeToken):
-        bad("_rebuild_meta_tensor_no_storage called without a dtype")
-    if len(_ints(args[1], "tensor size")) != len(_ints(args[2], "tensor stride")):
+    if not isinstance(args[0], DtypeToken) or args[0].name in QUANTIZED_DTYPES:
+        bad("_rebuild_meta_tensor_no_storage called without a dtype torch makes meta tensors of")
+    shape = _ints(args[1], "tensor size")
+    if len(shape) != len(_ints(args[2], "tensor stride")):
         bad("meta tensor with unequal numbers of sizes and strides")
+    if math.prod(shape) > MAX_INT64:
+        bad("meta tensor with more elements than int64 counts (torch refuses it)")
     _requires_grad(args[3], args[0].name)
     return Opaque("meta tensor")
 
@@ -253,13 +263,27 @@ def _labelled(kind: str, check: Callable[..., bool]) -> Callable[..., Opaque]:
     return stand_in
 
 
-def _device(kind: object = None, index: object = None) -> bool:
-    if type(kind) is int:
-        return index is None and 0 <= kind <= MAX_INT64
-    if type(kind) is not str or (index is not None and type(index) is not int):
+_DEVICE = re.compile(r"([a-z]+)(?::(0|[1-9][0-9]{0,8}))?")
+"""A device string as torch.device parses it: a type, then an index without leading zeros (nine
+digits always fit the int torch parses it into; ten may not, and are refused here)."""
+_UNSET = object()
+
+
+def _device(kind: object = None, index: object = _UNSET) -> bool:
+    """What torch.save writes: ``torch.device("cuda:0")`` or ``torch.device("cuda", 0)``.
+
+    ``torch.device(0)`` is refused: torch resolves it to the machine's accelerator and fails on a
+    machine without one, so whether it loads depends on where."""
+    if type(kind) is not str:
         return False
-    name, _, number = kind.partition(":")
-    return name in DEVICE_TYPES and (not number or (number.isdigit() and len(number) < 10 and index is None))
+    match = _DEVICE.fullmatch(kind)
+    if match is None or match.group(1) not in DEVICE_TYPES:
+        return False
+    if index is _UNSET:
+        return True
+    if match.group(2) is not None:  # torch refuses an index in the string and another beside it
+        return False
+    return index is None or (type(index) is int and 0 <= index <= MAX_INT64)
 
 
 def _complex(*args: object) -> bool:

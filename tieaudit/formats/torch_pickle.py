@@ -10,6 +10,7 @@ default allowlist would be imported and used under ``torch.load(weights_only=Fal
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Literal
 
@@ -61,6 +62,12 @@ UnknownGlobal = Callable[[str, str], object]
 hands out for it (``inert``: a placeholder), or raise (``refuse_unknown``)."""
 
 _WHY = "torch.load(weights_only=True) refuses it too"
+
+LOCATION = re.compile(r"cpu|meta|mps.*|(?:cuda|xpu|hpu|mtia|privateuseone)(?::(?:0|[1-9][0-9]{0,8}))?", re.S)
+"""Storage locations torch's default restore (``torch.serialization.default_restore_location``)
+accepts on a machine that has the device: ``cpu`` and ``meta`` exactly, anything starting with
+``mps``, and the other backends with an optional index (as ``torch.device`` parses it); ``cuda:0``
+loads on a GPU machine, ``cpu:0`` or ``gpu`` on none."""
 
 
 def inert(name: str, path: str) -> object:
@@ -199,6 +206,8 @@ class TorchHooks:
             location = location.decode("ascii")
         if type(location) is not str:
             bad("malformed storage id (its location is not text)")
+        if not LOCATION.fullmatch(location):
+            bad(f"a storage location ({_shown(location[:40])}) that torch.load restores on no device")
         ref = StorageRef(
             key=key,
             dtype=storage_type.dtype,
