@@ -24,6 +24,7 @@ from tieaudit.formats.interface import Reader
 from tieaudit.formats.magic import ZIP_MAGIC
 from tieaudit.formats.pickle_vm import MAX_DEPTH, Truncated
 from tieaudit.formats.torch_checkpoint import ROOT_NAME, LocateStorage, build_checkpoint, flatten
+from tieaudit.formats.torch_globals import SAFE_AFTER_IMPORT
 from tieaudit.formats.torch_legacy import MAGIC_NUMBER, read_legacy
 from tieaudit.formats.torch_pickle import MAX_PICKLE_BYTES, Referenced, load_pickle, truncated_error
 from tieaudit.formats.torch_records import StorageRef, key_name
@@ -186,7 +187,11 @@ def _collector_paused() -> Iterator[None]:
 
 def with_dangerous(exc: InputError, referenced: Referenced) -> InputError:
     """exc, saying also which globals the unreadable file names that would run code."""
-    named = [name for name, global_ in referenced.items() if global_.verdict == "runs-code"]
+    named = [
+        name
+        for name, global_ in referenced.items()
+        if global_.verdict == "runs-code" and name not in SAFE_AFTER_IMPORT  # torch loads those
+    ]
     if not named:
         return exc
     shown = printable(", ".join(named)[:300])

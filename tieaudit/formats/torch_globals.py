@@ -386,3 +386,14 @@ NOT_READ = {
         "QInt32Storage", "QInt8Storage", "QUInt2x4Storage", "QUInt4x2Storage", "QUInt8Storage")},
 }  # fmt: skip
 """Globals torch allows that tieaudit does not read (refused as unsupported, not as unsafe)."""
+
+SAFE_AFTER_IMPORT = {
+    "torch.nested._internal.nested_tensor.NestedTensor": "nested jagged tensors",
+    "torch.nested._internal.nested_tensor._rebuild_njt": "nested jagged tensors",
+    "torch.distributed._mesh_layout._FlatLayout": "device-mesh layouts",
+    "torch.distributed._mesh_layout._MeshLayout": "device-mesh layouts",
+}
+"""Globals ``import torch`` itself adds to torch's safe globals (``add_safe_globals`` when it imports
+torch.nested._internal.nested_tensor and torch.distributed._mesh_layout), so torch.load(weights_only=
+True) loads them in every session although ``_get_allowed_globals`` lacks them: refused as
+unsupported, never reported as code to run (a false alarm) nor read as placeholders."""

@@ -18,7 +18,7 @@ from tieaudit.core.errors import InputError, UnsafeInputError, UnsupportedFormat
 from tieaudit.core.escape import printable
 from tieaudit.formats.pickle_globals import Named, Use, classify
 from tieaudit.formats.pickle_vm import PickleError, Truncated, run_pickle
-from tieaudit.formats.torch_globals import ALLOWLIST, NOT_READ
+from tieaudit.formats.torch_globals import ALLOWLIST, NOT_READ, SAFE_AFTER_IMPORT
 from tieaudit.formats.torch_records import (
     CounterDict,
     DtypeToken,
@@ -134,10 +134,13 @@ class TorchHooks:
     def find_global(self, module: str, name: str) -> object:
         full = f"{module}.{name}"  # torch looks globals up by the joined name
         self._note(module, name)
-        found = ALLOWLIST.get(full) if self.referenced[full].verdict == "allowed" else None
-        if found is not None:
-            return found
-        why = NOT_READ.get(full) or ("legacy tensor classes" if _legacy_tensor_class(full) else None)
+        why = NOT_READ.get(full) or SAFE_AFTER_IMPORT.get(full)
+        if self.referenced[full].verdict == "allowed":
+            found = ALLOWLIST.get(full)
+            if found is not None:
+                return found
+            # Allowed but without a stand-in: never a placeholder, which would pass it as clean.
+            why = why or ("legacy tensor classes" if _legacy_tensor_class(full) else "no reader for it")
         if why is not None:
             raise UnsupportedFormatError(
                 f"pickle uses {full} ({why}), which tieaudit does not read", self.path
