@@ -19,6 +19,7 @@ from tieaudit.formats.torch_records import (
     CounterDict,
     DtypeToken,
     Global,
+    MetaTensor,
     Opaque,
     StateDict,
     StorageRef,
@@ -159,13 +160,11 @@ def rebuild_tensor_v3(*args: object) -> TensorRecord:
     return record
 
 
-def parameter(data: object = None, requires_grad: object = True) -> TensorRecord | Opaque:
+def parameter(data: object = None, requires_grad: object = True) -> TensorRecord | MetaTensor:
     """``torch.nn.Parameter(data, requires_grad)``: the data tensor itself."""
-    if not isinstance(data, (TensorRecord, Opaque)) or (
-        isinstance(data, Opaque) and data.kind != "meta tensor"
-    ):
+    if not isinstance(data, (TensorRecord, MetaTensor)):
         bad(f"a parameter made from a {type(data).__name__}, not a tensor")
-    _requires_grad(requires_grad, data.dtype if isinstance(data, TensorRecord) else "float32")
+    _requires_grad(requires_grad, data.dtype)  # a meta tensor's own dtype too: int64 cannot require grad
     return data
 
 
@@ -202,7 +201,7 @@ def rebuild_parameter_with_state(*args: object) -> object:
     return parameter(args[0], args[1])
 
 
-def rebuild_meta(*args: object) -> Opaque:
+def rebuild_meta(*args: object) -> MetaTensor:
     """``_rebuild_meta_tensor_no_storage(dtype, size, stride, requires_grad)``: no bytes to audit."""
     _arity("_rebuild_meta_tensor_no_storage", args, 4)
     if not isinstance(args[0], DtypeToken) or args[0].name in QUANTIZED_DTYPES:
@@ -213,7 +212,7 @@ def rebuild_meta(*args: object) -> Opaque:
     if math.prod(shape) > MAX_INT64:
         bad("meta tensor with more elements than int64 counts (torch refuses it)")
     _requires_grad(args[3], args[0].name)
-    return Opaque("meta tensor")
+    return MetaTensor("meta tensor", args[0].name)
 
 
 _REBUILDERS: dict[str, Callable[..., object]] = {
