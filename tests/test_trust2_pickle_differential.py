@@ -74,6 +74,21 @@ def _meta(dtype: str, size: tuple[int, ...]) -> bytes:
     )
 
 
+def _view_of_8_bytes(dtype: str, size: int, metadata: bytes | None = None) -> bytes:
+    """A tensor of ``size`` elements over storage "1", 8 bytes: _rebuild_tensor_v3 with ``dtype``
+    over an untyped storage, or (with metadata) _rebuild_tensor_v2 over a float one."""
+    hooks = call(glob("collections", "OrderedDict"))
+    view = (integer(0), tup(integer(size)), tup(integer(1)), b"\x89", hooks)
+    if metadata is not None:
+        pid = tup(text("storage"), glob("torch", "FloatStorage"), text("1"), text("cpu"), integer(2)) + b"Q"
+        return call(glob("torch._utils", "_rebuild_tensor_v2"), pid, *view, metadata)
+    pid = (
+        tup(text("storage"), glob("torch.storage", "UntypedStorage"), text("1"), text("cpu"), integer(8))
+        + b"Q"
+    )
+    return call(glob("torch._utils", "_rebuild_tensor_v3"), pid, *view, glob("torch", dtype))
+
+
 def _device(*args: bytes) -> bytes:
     return call(glob("torch", "device"), *args)
 
@@ -107,6 +122,10 @@ REGRESSIONS: dict[str, tuple[bytes, str]] = {
         ),
         "refuses",
     ),
+    # views past their storage in a dtype tieaudit cannot view, or with the neg bit (not bounds-checked)
+    "complex32_view_past_storage": (_view_of_8_bytes("complex32", 4), "refuses"),
+    "int4_view_past_storage": (_view_of_8_bytes("int4", 9), "refuses"),
+    "negated_view_past_storage": (_view_of_8_bytes("float32", 4, dct((text("neg"), b"\x88"))), "refuses"),
     # a name `import torch` adds to torch's safe globals: torch loads it, so never TIE010
     "nested_tensor_class": (glob("torch.nested._internal.nested_tensor", "NestedTensor"), "loads"),
     # locations of devices this machine lacks: torch loads them where the device is, and so clean
@@ -258,6 +277,7 @@ DELIBERATE: dict[str, str] = {
     ),
     r"not recognised as a torch.save file": "a legacy stream whose magic-number pickle is spelled otherwise",
     r"(REDUCE|NEWOBJ) with arguments of type": "call arguments not in a tuple (torch unpacks any iterable)",
+    r"reaches byte N of storage": "a view past its storage, packed quint4x2/quint2x4 at a byte an element",
     r"which tieaudit does not run|, not a tensor": (
         "calls of allowed classes torch.save never writes (Storage(n), legacy constructors, set.__new__)"
     ),

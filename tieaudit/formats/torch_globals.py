@@ -50,6 +50,8 @@ _LABEL_ONLY_DTYPES = (
     "qint32 qint8 quint2x4 quint4x2 quint8 " + " ".join(f"int{n} uint{n}" for n in range(1, 8))
 ).split()
 """Dtypes torch's allowlist names that tieaudit cannot view as numpy: allowed as labels only."""
+LABEL_ITEMSIZE = {n: {"complex32": 4, "bits16": 2, "qint32": 4}.get(n, 1) for n in _LABEL_ONLY_DTYPES}
+"""torch's itemsize of each, to bounds-check their tensors (packed quint4x2/2x4 count 1 per element)."""
 QUANTIZED_DTYPES = frozenset("qint32 qint8 quint2x4 quint4x2 quint8".split())
 """Dtypes torch has no meta (or empty) tensors of."""
 
@@ -392,7 +394,6 @@ SAFE_AFTER_IMPORT = {
     "torch.distributed._mesh_layout._FlatLayout": "device-mesh layouts",
     "torch.distributed._mesh_layout._MeshLayout": "device-mesh layouts",
 }
-"""Globals ``import torch`` itself adds to torch's safe globals (``add_safe_globals`` when it imports
-torch.nested._internal.nested_tensor and torch.distributed._mesh_layout), so torch.load(weights_only=
-True) loads them in every session although ``_get_allowed_globals`` lacks them: refused as
-unsupported, never reported as code to run (a false alarm) nor read as placeholders."""
+"""Globals ``import torch`` adds to its safe globals (importing torch.nested._internal.nested_tensor and
+torch.distributed._mesh_layout): torch.load(weights_only=True) loads them though _get_allowed_globals
+lacks them, so they are refused as unsupported, never a TIE010 (a false alarm) nor placeholders."""
