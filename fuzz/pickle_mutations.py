@@ -26,7 +26,7 @@ from pathlib import Path
 from tieaudit.formats.torch_allowlist import torch_allowlist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "fixtures" / "hostile"))
-from builders import call, dct, glob, integer, lst, tup  # type: ignore[import-not-found]
+from builders import call, dct, glob, integer, lst, pickle_of, state_dict, torch_zip, tup  # type: ignore[import-not-found]
 
 
 def text(value: str) -> bytes:
@@ -455,6 +455,34 @@ def op_respell(parsed: Parsed, rng: random.Random) -> Mutation | None:
     ), f"GLOBAL at {target.pos} respelled {new_module}/{new_name}"
 
 
+def _kind(name: str) -> str:
+    """What an allowed name is, by its spelling: a storage class, a tensor class, a rebuild function,
+    a dtype or other lower-case value, or something else."""
+    last = name.rpartition(".")[2]
+    if last.endswith("Storage"):
+        return "storage"
+    if last.endswith("Tensor"):
+        return "tensor class"
+    if last.startswith("_rebuild"):
+        return "rebuild"
+    return "value" if last[:1].islower() and name.count(".") == 1 else "other"
+
+
+def op_same_kind(parsed: Parsed, rng: random.Random) -> Mutation | None:
+    """A GLOBAL replaced by another allowed name of its kind (a storage class by another, a dtype by
+    another, a tensor rebuild by another): files that stay close to what torch loads."""
+    globals_ = [o for o in parsed.ops if o.name == "GLOBAL"]
+    if not globals_:
+        return None
+    target = rng.choice(globals_)
+    module, _, name = parsed.data[target.pos + 1 : target.end - 1].partition(b"\n")
+    kind = _kind(f"{module.decode('utf-8', 'replace')}.{name.decode('utf-8', 'replace')}")
+    choice = rng.choice([n for n in _allowed() if _kind(n) == kind])
+    new_module, new_name = _split(choice, rng)
+    new = b"c" + new_module.encode() + b"\n" + new_name.encode() + b"\n"
+    return _splice(parsed.data, (target.pos, target.end), new), f"GLOBAL at {target.pos} -> {choice}"
+
+
 @functools.cache
 def _renames() -> list[tuple[tuple[str, str], tuple[str, str]]]:
     """Python 2 (module, name) pairs and what torch renames them to (module renames applied to the
@@ -636,6 +664,7 @@ OPERATORS: tuple[tuple[Operator, int], ...] = (
     (op_global_value, 12),
     (op_add_entry, 14),
     (op_respell, 6),
+    (op_same_kind, 8),
     (op_build, 6),
     (op_call_value, 4),
     (op_replace_value, 8),
@@ -667,3 +696,160 @@ def mutate(data: bytes, rng: random.Random, *, rounds: int) -> tuple[bytes, list
                 done.append(f"{operator.__name__[3:]}: {result[1]}")
                 break
     return data, done
+
+
+# --- a sweep of every name, deterministic ---------------------------------------------------------
+
+
+def _storage_pid(key: str) -> bytes:
+    return tup(text("storage"), glob("torch", "FloatStorage"), text(key), text("cpu"), integer(2)) + b"Q"
+
+
+def _sweep_tensor() -> bytes:
+    hooks = call(glob("collections", "OrderedDict"))
+    args = (_storage_pid("0"), integer(0), tup(integer(2)), tup(integer(1)), b"\x89", hooks)
+    return call(glob("torch._utils", "_rebuild_tensor_v2"), *args)
+
+
+def sweep_file(value: bytes) -> bytes:
+    """A torch.save zip of {"w": a 2-float tensor, "x": value} (storages "0", two floats, "1", one
+    int64, and "2", eight untyped bytes, for the values that need another)."""
+    pickle = pickle_of(state_dict(("w", _sweep_tensor()), ("x", value)))
+    return torch_zip(pickle, {"0": b"\x00" * 8, "1": b"\x00" * 8, "2": b"\x00" * 8})
+
+
+def _v2_args(storage: str, key: str, numel: int, metadata: bytes | None = None) -> tuple[bytes, ...]:
+    """Arguments of _rebuild_tensor_v2 viewing the whole of sweep_file's storage ``key``."""
+    pid = tup(text("storage"), glob("torch", storage), text(key), text("cpu"), integer(numel)) + b"Q"
+    hooks = call(glob("collections", "OrderedDict"))
+    extra = [metadata] if metadata else []
+    return (pid, integer(0), tup(integer(numel)), tup(integer(1)), b"\x89", hooks, *extra)
+
+
+def _meta_args(dtype: str) -> tuple[bytes, ...]:
+    return (glob("torch", dtype), tup(integer(2)), tup(integer(1)), b"\x89")
+
+
+TENSOR_MAKERS: tuple[tuple[str, str, tuple[bytes, ...]], ...] = (
+    ("float tensor", "_rebuild_tensor_v2", _v2_args("FloatStorage", "0", 2)),
+    ("int64 tensor", "_rebuild_tensor_v2", _v2_args("LongStorage", "1", 1)),
+    (
+        "negated float tensor",
+        "_rebuild_tensor_v2",
+        _v2_args("FloatStorage", "0", 2, dct((text("neg"), b"\x88"))),
+    ),
+    ("float meta tensor", "_rebuild_meta_tensor_no_storage", _meta_args("float32")),
+    ("int64 meta tensor", "_rebuild_meta_tensor_no_storage", _meta_args("int64")),
+    ("bool meta tensor", "_rebuild_meta_tensor_no_storage", _meta_args("bool")),
+)
+"""Tensors of several dtypes and kinds, as a rebuild function and its arguments."""
+
+
+def _compositions() -> list[tuple[str, bytes]]:
+    """Each tensor passed to each function that takes one: parameters (with and without gradients,
+    with and without state), the Parameter class called and instantiated, _rebuild_from_type_v2."""
+    hooks = call(glob("collections", "OrderedDict"))
+    states = (("no state", b"N"), ("an attribute", dct((text("foo"), integer(1)))))
+    values: list[tuple[str, bytes]] = []
+    for what, function, args in TENSOR_MAKERS:
+        made = call(glob("torch._utils", function), *args)
+        for grad, flag in (("with grad", b"\x88"), ("without grad", b"\x89")):
+            values.append(
+                (
+                    f"_rebuild_parameter({what}, {grad})",
+                    call(glob("torch._utils", "_rebuild_parameter"), made, flag, hooks),
+                )
+            )
+            values.append(
+                (f"Parameter({what}, {grad})", call(glob("torch.nn.parameter", "Parameter"), made, flag))
+            )
+            values.append(
+                (
+                    f"NEWOBJ Parameter({what}, {grad})",
+                    glob("torch.nn.parameter", "Parameter") + tup(made, flag) + b"\x81",
+                )
+            )
+            for state_name, state in states:
+                with_state = call(
+                    glob("torch._utils", "_rebuild_parameter_with_state"), made, flag, hooks, state
+                )
+                values.append((f"_rebuild_parameter_with_state({what}, {grad}, {state_name})", with_state))
+        for new_type in (("torch", "Tensor"), ("torch.nn.parameter", "Parameter")):
+            for state_name, state in states:
+                rebuilt = call(
+                    glob("torch._tensor", "_rebuild_from_type_v2"),
+                    glob("torch._utils", function),
+                    glob(*new_type),
+                    tup(*args),
+                    state,
+                )
+                values.append((f"_rebuild_from_type_v2({what} as {new_type[1]}, {state_name})", rebuilt))
+    return values + _dtype_views()
+
+
+def _dtype_views() -> list[tuple[str, bytes]]:
+    """Every dtype torch allows as a tensor over 8 untyped bytes (_rebuild_tensor_v3) in sizes up to
+    past the bytes, and as a meta tensor with and without gradients."""
+    untyped = (
+        tup(text("storage"), glob("torch.storage", "UntypedStorage"), text("2"), text("cpu"), integer(8))
+        + b"Q"
+    )
+    hooks = call(glob("collections", "OrderedDict"))
+    values: list[tuple[str, bytes]] = []
+    for name in (n for n in _lower_names() if n.startswith("torch.") and not n.startswith("torch.per_")):
+        dtype = glob(*name.rsplit(".", 1))
+        for size in (1, 2, 4, 8, 9, 64):
+            args = (untyped, integer(0), tup(integer(size)), tup(integer(1)), b"\x89", hooks, dtype)
+            values.append(
+                (
+                    f"_rebuild_tensor_v3(8 bytes, ({size},), {name})",
+                    call(glob("torch._utils", "_rebuild_tensor_v3"), *args),
+                )
+            )
+        for grad in ("True", "False"):
+            meta = (dtype, tup(integer(3)), tup(integer(1)), b"\x88" if grad == "True" else b"\x89")
+            values.append(
+                (
+                    f"meta {name} grad={grad}",
+                    call(glob("torch._utils", "_rebuild_meta_tensor_no_storage"), *meta),
+                )
+            )
+    return values
+
+
+SWEEP_ARGS: tuple[tuple[str, tuple[bytes, ...]], ...] = (
+    ("()", ()),
+    ("(None,)", (b"N",)),
+    ("(0,)", (integer(0),)),
+    ("('cpu',)", (text("cpu"),)),
+    ("((2,),)", (tup(integer(2)),)),
+    ("({},)", (b"}",)),
+    ("(tensor,)", (_sweep_tensor(),)),
+    ("('abc', 'latin1')", (text("abc"), text("latin1"))),
+    ("(storage, 0, (2,), (1,))", (_storage_pid("0"), integer(0), tup(integer(2)), tup(integer(1)))),
+    ("(float32, (2,), (1,), False)", (glob("torch", "float32"), tup(integer(2)), tup(integer(1)), b"\x89")),
+)
+"""Arguments every allowed name is called with in the sweep: none, scalars, a size, a dict, a
+tensor, text and an encoding, a storage view, a meta tensor's."""
+
+
+def sweep() -> list[tuple[str, bytes]]:
+    """(label, value) pairs: every allowed name bare, called with each of SWEEP_ARGS, instantiated
+    (NEWOBJ) and given state (BUILD); every pool name outside the allowlist bare and called."""
+    values: list[tuple[str, bytes]] = []
+    for name in _allowed():
+        module, _, attr = name.rpartition(".")
+        found = glob(module, attr)
+        values.append((f"{name} bare", found))
+        values += [(f"{name}{label}", call(found, *args)) for label, args in SWEEP_ARGS]
+        values.append((f"NEWOBJ {name}()", found + b")\x81"))
+        values.append((f"NEWOBJ {name}(0,)", found + tup(integer(0)) + b"\x81"))
+        values.append((f"{name}() BUILD {{}}", call(found) + b"}b"))
+        state = tup(b"}", dct((text("a"), integer(1))))
+        values.append((f"{name}() BUILD ({{}}, {{'a': 1}})", call(found) + state + b"b"))
+    outside = [*CHAINS, *PYTHON2, *BLOCKED, *OUTSIDE]
+    outside += [tuple(n.rsplit(".", 1)) for n in sorted(torch_allowlist().refused_with_hint)]  # type: ignore[misc]
+    for module, attr in outside:
+        found = glob(module, attr)
+        values += [(f"{module}/{attr} bare", found), (f"{module}/{attr}()", call(found))]
+    return values + _compositions()

@@ -191,6 +191,10 @@ class Audit:
     """A refusal as UnsupportedFormatError: something torch reads that tieaudit deliberately does not."""
 
 
+Answer = tuple[Audit, TorchAnswer]
+"""tieaudit's outcome on a file and torch's."""
+
+
 class _AuditTimeout(Exception):
     pass
 
@@ -395,8 +399,30 @@ class Differential:
             answers[label] = (ours, theirs)
             why = tally.add(label, ours, theirs)
             if why:
-                found.append(f"{label}: {why}; tieaudit: {ours.outcome} {ours.detail}; torch: {theirs.error}")
+                found.append(self.report_file(label, path, why, (ours, theirs)))
         return answers, found
+
+    def report_file(self, label: str, path: Path, why: str, answer: Answer) -> str:
+        """A mismatch on a whole file (corpus, sweep, regression): the file copied under failures,
+        with its pickles' opcodes."""
+        ours, theirs = answer
+        kept = self.failures / re.sub(r"[^A-Za-z0-9._-]+", "_", label)[:120]
+        kept.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, kept / path.name)
+        seed = seeds.seed_of(path, label)
+        shown = [disassembly(pickle) for pickle in seed.pickles] if seed else ["(its pickles do not parse)"]
+        text = "\n".join(
+            [
+                f"MISMATCH: {why}",
+                f"  {label}",
+                f"  tieaudit: {ours.outcome} {ours.detail}",
+                f"  torch:    {theirs.status} {theirs.error}",
+                f"  files:    {kept}",
+                *shown,
+            ]
+        )
+        (kept / "reproducer.txt").write_text(text + "\n")
+        return text
 
     def rebuilt(
         self, corpus: list[seeds.Seed], tally: Tally
@@ -407,6 +433,17 @@ class Differential:
             (seed.label, _write(self.work, f"rebuilt-{n}{seed.suffix}", seed.assemble(seed.pickles)))
             for n, seed in enumerate(corpus)
         ]
+        return self.files(files, tally)
+
+    def sweep(self, tally: Tally, *, every: int = 1) -> tuple[dict[str, Answer], list[str]]:
+        """Every ``every``-th value of the sweep (pickle_mutations.sweep: each allowed name bare,
+        called, instantiated, given state; each pool name outside the allowlist) beside a tensor,
+        starting at the run's seed modulo ``every``."""
+        folder = self.work / "sweep"
+        folder.mkdir(exist_ok=True)
+        files = []
+        for index, (label, value) in enumerate(mutations.sweep()[self.run_seed % every :: every]):
+            files.append((f"sweep: {label}", _write(folder, f"{index}.pt", mutations.sweep_file(value))))
         return self.files(files, tally)
 
     def mutants(self, corpus: list[seeds.Seed], cases: range, tally: Tally, *, window: int = 6) -> list[str]:
@@ -491,12 +528,13 @@ def run(*, cases: int, run_seed: int, out: Path, workers: int = 2) -> tuple[list
     files = seeds.corpus_files()
     corpus = seeds.corpus_seeds(files)
     pool = TorchPool(workers)
-    tallies = [Tally(), Tally(), Tally()]
+    tallies = [Tally(), Tally(), Tally(), Tally()]
     try:
         differential = Differential(pool, out, run_seed)
         found = differential.files(files, tallies[0])[1]
         found += differential.rebuilt(corpus, tallies[1])[1]
-        found += differential.mutants(corpus, range(cases), tallies[2])
+        found += differential.sweep(tallies[2])[1]
+        found += differential.mutants(corpus, range(cases), tallies[3])
     finally:
         pool.close()
     return tallies, found
@@ -514,11 +552,12 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"pickle verdict differential: seed {run_seed}, {args.cases} mutants, out {args.out}", file=sys.stderr
     )
-    (whole, rebuilt, mutant), found = run(
+    (whole, rebuilt, swept, mutant), found = run(
         cases=args.cases, run_seed=run_seed, out=args.out, workers=args.workers
     )
     print(whole.report("corpus"))
     print(rebuilt.report("corpus seeds rebuilt unchanged"))
+    print(swept.report("sweep of every name"))
     print(mutant.report(f"mutants (seed {run_seed})"))
     for text in found:
         print(text)

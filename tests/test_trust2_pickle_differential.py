@@ -9,7 +9,8 @@ worker processes, fuzz/torch_load_worker.py; torch runs nowhere else) and A is t
 - over the corpus (fixtures/generated: torch.save, legacy, Trainer folder files with
   training_args.bin and rng_state.pth, Lightning, DeepSpeed, DCP, optimizer, scheduler; the
   committed hostile pt_* files), over each corpus seed written back unchanged, over the pickles
-  that once broke it (REGRESSIONS), and over PICKLE_FUZZ_CASES opcode-level mutations seeded by
+  that once broke it (REGRESSIONS), over a sweep of every allowed name (and the pool's other names)
+  used every way a pickle can use it, and over PICKLE_FUZZ_CASES opcode-level mutations seeded by
   PICKLE_FUZZ_SEED (fuzz/pickle_mutations.py; ``make fuzz`` runs many more).
 
 A mismatch is minimized and written, with its reproducer, under PICKLE_FUZZ_OUT/failures. The
@@ -38,7 +39,9 @@ from fuzz import pickle_seeds as seeds  # noqa: E402
 from fuzz import pickle_verdict as verdict  # noqa: E402
 
 SEED = int(os.environ.get("PICKLE_FUZZ_SEED", "23"))
-CASES = int(os.environ.get("PICKLE_FUZZ_CASES", "2500"))
+CASES = int(os.environ.get("PICKLE_FUZZ_CASES", "2000"))
+SWEEP_EVERY = 2
+"""The test runs half the sweep of every name (which half: the seed's parity); make fuzz all of it."""
 OUT = Path(os.environ.get("PICKLE_FUZZ_OUT", str(ROOT / "fuzz" / "out" / "pickle_verdict_test")))
 ANSWER = tuple[verdict.Audit, verdict.TorchAnswer]
 
@@ -181,6 +184,10 @@ def run(corpus: Corpus) -> Iterator[Run]:
         result.answers["rebuilt"], result.found["rebuilt"] = result.differential.rebuilt(
             result.corpus_seeds, result.tallies["rebuilt"]
         )
+        result.tallies["sweep"] = verdict.Tally()
+        result.answers["sweep"], result.found["sweep"] = result.differential.sweep(
+            result.tallies["sweep"], every=SWEEP_EVERY
+        )
         result.tallies["mutants"] = verdict.Tally()
         result.found["mutants"] = result.differential.mutants(
             result.corpus_seeds, range(CASES), result.tallies["mutants"]
@@ -245,6 +252,14 @@ def test_pickles_that_once_broke_the_verdict(run: Run) -> None:
     assert run.tallies["regressions"].total == len(REGRESSIONS)
 
 
+def test_every_allowed_name_used_every_way_gets_torch_s_verdict(run: Run) -> None:
+    assert not run.found["sweep"], _failures(run.found["sweep"])
+    tally = run.tallies["sweep"]
+    assert tally.total == len(mutations.sweep()[SEED % SWEEP_EVERY :: SWEEP_EVERY]) >= 1000
+    for cell in (("clean", "loads"), ("TIE010", "refuses"), ("refused", "refuses"), ("refused", "loads")):
+        assert tally.matrix[cell] >= 40, (cell, tally.table())
+
+
 def test_mutants_verdicts_are_torch_s(run: Run) -> None:
     assert not run.found["mutants"], _failures(run.found["mutants"])
     tally = run.tallies["mutants"]
@@ -289,7 +304,7 @@ not read, such as quantized or sparse tensors and legacy tensor classes)."""
 
 def test_refusals_of_files_torch_loads_are_deliberate(run: Run) -> None:
     unexplained, explained = [], 0
-    for name in ("corpus", "rebuilt", "mutants", "regressions"):
+    for name in ("corpus", "rebuilt", "sweep", "mutants", "regressions"):
         for (unsupported, kind), count in run.tallies[name].refused_loads.items():
             if unsupported or any(re.search(pattern, kind) for pattern in DELIBERATE):
                 explained += count
@@ -351,3 +366,14 @@ def test_a_verdict_that_lets_code_through_is_caught(run: Run, monkeypatch: pytes
     minimized = (folder / "minimized.bin").read_bytes()
     assert "PICKLE_FUZZ_SEED" in report and "transformers.training_args" in report
     assert len(minimized) < len(case.data) and (folder / "reproducer.txt").exists()
+    # a whole file's mismatch (corpus, sweep) is kept with its pickle's opcodes
+    label = "generated/training/checkpoint-2/training_args.bin"
+    ours = verdict.audit(paths[label])
+    text = run.differential.report_file(
+        label,
+        paths[label],
+        verdict.mismatch(ours, run.answers["corpus"][label][1]),
+        (ours, run.answers["corpus"][label][1]),
+    )
+    kept = Path(next(line for line in text.splitlines() if line.startswith("  files:")).split(None, 1)[1])
+    assert "transformers.training_args" in text and (kept / "training_args.bin").exists()
