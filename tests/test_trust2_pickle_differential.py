@@ -40,8 +40,9 @@ from fuzz import pickle_verdict as verdict  # noqa: E402
 
 SEED = int(os.environ.get("PICKLE_FUZZ_SEED", "23"))
 CASES = int(os.environ.get("PICKLE_FUZZ_CASES", "2000"))
-SWEEP_EVERY = 2
-"""The test runs half the sweep of every name (which half: the seed's parity); make fuzz all of it."""
+SWEEP_EVERY = 3
+"""The test runs a third of the sweep of every name (which third: the seed modulo 3); make fuzz runs
+all of it. With 2000 mutants that is about 30 s of CPU (35-70 s here, 145 s at a load of 5.5)."""
 OUT = Path(os.environ.get("PICKLE_FUZZ_OUT", str(ROOT / "fuzz" / "out" / "pickle_verdict_test")))
 ANSWER = tuple[verdict.Audit, verdict.TorchAnswer]
 
@@ -255,7 +256,7 @@ def test_pickles_that_once_broke_the_verdict(run: Run) -> None:
 def test_every_allowed_name_used_every_way_gets_torch_s_verdict(run: Run) -> None:
     assert not run.found["sweep"], _failures(run.found["sweep"])
     tally = run.tallies["sweep"]
-    assert tally.total == len(mutations.sweep()[SEED % SWEEP_EVERY :: SWEEP_EVERY]) >= 1000
+    assert tally.total == len(mutations.sweep()[SEED % SWEEP_EVERY :: SWEEP_EVERY]) >= 900
     for cell in (("clean", "loads"), ("TIE010", "refuses"), ("refused", "refuses"), ("refused", "loads")):
         assert tally.matrix[cell] >= 40, (cell, tally.table())
 
