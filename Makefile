@@ -64,12 +64,21 @@ bench: $(STAMP)
 bench-scale: $(STAMP)
 	$(PY) bench/scale.py
 
-# Long fuzzing run (fuzz/run.py): atheris when it installs for this Python, else hypothesis.
+# Long fuzzing run (fuzz/run.py): atheris when it installs for this Python, else hypothesis. Then the
+# pickle verdict differential (fuzz/pickle_verdict.py): PICKLE_VERDICT_CASES mutants of the corpus
+# pickles against torch.load(weights_only=True), seeded from the clock unless PICKLE_VERDICT_SEED is
+# set (make test runs a fixed-seed subset); mismatches go to fuzz/out/pickle_verdict/failures.
 FUZZ_SECONDS ?= 60
 FUZZ_WORKERS ?= 2
+PICKLE_VERDICT_CASES ?= 30000
+PICKLE_VERDICT_SEED ?=
 fuzz: $(STAMP) fixtures
 	$(PY) -c "import atheris" 2>/dev/null || $(PY) -m pip install -q atheris || echo "atheris unavailable: the hypothesis engine runs"
-	$(PY) fuzz/run.py --seconds $(FUZZ_SECONDS) --workers $(FUZZ_WORKERS)
+	status=0; \
+	$(PY) fuzz/run.py --seconds $(FUZZ_SECONDS) --workers $(FUZZ_WORKERS) || status=1; \
+	$(PY) fuzz/pickle_verdict.py --cases $(PICKLE_VERDICT_CASES) --workers $(FUZZ_WORKERS) \
+		$(if $(PICKLE_VERDICT_SEED),--seed $(PICKLE_VERDICT_SEED)) || status=1; \
+	exit $$status
 
 clean:
 	rm -rf demo fixtures/generated bench/out .pytest_cache .mypy_cache .ruff_cache

@@ -8,8 +8,9 @@ tieaudit's pickle verdict is torch's: a pickle is clean exactly when
 torch, so this script records, from the pinned torch, everything ``torch/_weights_only_unpickler.py``
 decides a global by, and ``tieaudit/formats/torch_allowlist.json`` commits it:
 
-- ``allowed``: the exact dotted names of ``_get_allowed_globals()`` (the only globals torch's
-  default loads; nothing else, no prefixes);
+- ``allowed``: the exact dotted names of ``_get_allowed_globals()``, plus the safe globals
+  ``import torch`` itself registers (``add_safe_globals`` calls in torch's own modules, e.g. nested
+  jagged tensors): together, the only globals torch's default loads; nothing else, no prefixes;
 - ``blocked_modules``: modules torch refuses even when a user adds their globals
   (``_blocklisted_modules``);
 - ``import_mapping`` / ``name_mapping``: torch's Python 2 renaming, applied to every GLOBAL before
@@ -53,7 +54,8 @@ def allowlist() -> dict[str, Any]:
     import torch._weights_only_unpickler as unpickler
     from torch._utils import IMPORT_MAPPING, NAME_MAPPING
 
-    allowed = unpickler._get_allowed_globals()
+    allowed = dict(unpickler._get_allowed_globals())
+    allowed.update(unpickler._get_user_allowed_globals())  # what `import torch` registered itself
     names_of = {id(value): name for name, value in allowed.items()}
     build_types = ["torch.Tensor", "torch.nn.parameter.Parameter", "collections.OrderedDict"]
     build_types += sorted(n for n, v in allowed.items() if isinstance(v, type) and n not in build_types)

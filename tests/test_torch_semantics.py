@@ -40,9 +40,11 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")  # torch's warnin
 
 
 def torch_allowed() -> dict[str, object]:
-    from torch._weights_only_unpickler import _get_allowed_globals
+    """What torch.load(weights_only=True) loads by default: its allowlist and what `import torch`
+    registers with add_safe_globals (nested jagged tensors, device-mesh layouts)."""
+    from torch._weights_only_unpickler import _get_allowed_globals, _get_user_allowed_globals
 
-    return dict(_get_allowed_globals())
+    return {**_get_allowed_globals(), **_get_user_allowed_globals()}
 
 
 def torch_outcome(data: bytes) -> str:

@@ -18,6 +18,7 @@ from tieaudit.core.escape import printable
 from tieaudit.core.records import MAX_KEPT_SKIPPED, Checkpoint, PickleGlobal, Skipped, StorageInfo, TensorInfo
 from tieaudit.formats.pickle_globals import Named
 from tieaudit.formats.pickle_vm import MAX_DEPTH
+from tieaudit.formats.torch_globals import LABEL_ITEMSIZE
 from tieaudit.formats.torch_records import DtypeToken, Opaque, Placeholder, StorageRef, TensorRecord, key_name
 from tieaudit.formats.viewable import check_viewable
 
@@ -172,7 +173,8 @@ def _skip_reason(value: object) -> str:
 
 
 def _check_view(name: str, record: TensorRecord, path: str) -> None:
-    size = itemsize(record.dtype)
+    """The view stays inside its storage, as torch's set_ requires (for every dtype, viewable or not)."""
+    size = ITEMSIZE.get(record.dtype) or LABEL_ITEMSIZE[record.dtype]
     last = sum((dim - 1) * stride for dim, stride in zip(record.shape, record.strides, strict=True))
     numel_zero = any(dim == 0 for dim in record.shape)
     end = record.offset * size if numel_zero else (record.offset + last + 1) * size
@@ -249,10 +251,13 @@ def build_checkpoint(
                     file=file,
                 )
             )
-        elif len(skipped) < MAX_KEPT_SKIPPED:
-            skipped.append(Skipped(name, _skip_reason(record)))
         else:
-            more += 1
+            if isinstance(record, TensorRecord):  # not viewable here (dtype, conj/neg bit), but torch
+                _check_view(name, record, path)  # still refuses one that reaches past its storage
+            if len(skipped) < MAX_KEPT_SKIPPED:
+                skipped.append(Skipped(name, _skip_reason(record)))
+            else:
+                more += 1
         seen.add(name)
     checkpoint = Checkpoint(
         path=path,

@@ -9,6 +9,8 @@ way torch's function would (or refuses what torch would refuse) and returns plai
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable
 
 from tieaudit.core.dtypes import ITEMSIZE
@@ -17,6 +19,7 @@ from tieaudit.formats.torch_records import (
     CounterDict,
     DtypeToken,
     Global,
+    MetaTensor,
     Opaque,
     StateDict,
     StorageRef,
@@ -47,6 +50,10 @@ _LABEL_ONLY_DTYPES = (
     "qint32 qint8 quint2x4 quint4x2 quint8 " + " ".join(f"int{n} uint{n}" for n in range(1, 8))
 ).split()
 """Dtypes torch's allowlist names that tieaudit cannot view as numpy: allowed as labels only."""
+LABEL_ITEMSIZE = {n: {"complex32": 4, "bits16": 2, "qint32": 4}.get(n, 1) for n in _LABEL_ONLY_DTYPES}
+"""torch's itemsize of each, to bounds-check their tensors (packed quint4x2/2x4 count 1 per element)."""
+QUANTIZED_DTYPES = frozenset("qint32 qint8 quint2x4 quint4x2 quint8".split())
+"""Dtypes torch has no meta (or empty) tensors of."""
 
 GRAD_DTYPES = frozenset(
     "bfloat16 complex128 complex32 complex64 float16 float32 float4_e2m1fn_x2 float64 float8_e4m3fn "
@@ -95,14 +102,17 @@ def _requires_grad(value: object, dtype: str) -> None:
 
 
 def _flags(metadata: object, dtype: str) -> frozenset[str]:
+    """torch._utils.set_tensor_metadata's bits. torch skips falsy metadata and takes a dict of str to
+    bool; only what torch.save writes is read ({"conj": True}, {"neg": True}), anything else refused."""
     if not metadata:
         return frozenset()
-    if type(metadata) is not dict:
-        bad(f"tensor metadata is {type(metadata).__name__}, expected a dict")
-    flags = frozenset(key for key in ("conj", "neg") if metadata.get(key))
-    if "conj" in flags and not dtype.startswith("complex"):
-        bad(f"the conj bit on a {dtype} tensor, which torch refuses")
-    return flags
+    if type(metadata) is not dict or not all(
+        key in ("conj", "neg") and type(value) is bool for key, value in metadata.items()
+    ):
+        bad("tensor metadata other than conj/neg bits, which tieaudit does not read")
+    if "conj" in metadata and not dtype.startswith("complex"):
+        bad(f"the conj bit (even unset) on a {dtype} tensor, which torch refuses")
+    return frozenset(key for key in ("conj", "neg") if metadata.get(key))
 
 
 def _view(args: tuple[object, ...], dtype: str | None, metadata: object = None) -> TensorRecord:
@@ -152,13 +162,11 @@ def rebuild_tensor_v3(*args: object) -> TensorRecord:
     return record
 
 
-def parameter(data: object = None, requires_grad: object = True) -> TensorRecord | Opaque:
+def parameter(data: object = None, requires_grad: object = True) -> TensorRecord | MetaTensor:
     """``torch.nn.Parameter(data, requires_grad)``: the data tensor itself."""
-    if not isinstance(data, (TensorRecord, Opaque)) or (
-        isinstance(data, Opaque) and data.kind != "meta tensor"
-    ):
+    if not isinstance(data, (TensorRecord, MetaTensor)):
         bad(f"a parameter made from a {type(data).__name__}, not a tensor")
-    _requires_grad(requires_grad, data.dtype if isinstance(data, TensorRecord) else "float32")
+    _requires_grad(requires_grad, data.dtype)  # a meta tensor's own dtype too: int64 cannot require grad
     return data
 
 
@@ -195,15 +203,18 @@ def rebuild_parameter_with_state(*args: object) -> object:
     return parameter(args[0], args[1])
 
 
-def rebuild_meta(*args: object) -> Opaque:
+def rebuild_meta(*args: object) -> MetaTensor:
     """``_rebuild_meta_tensor_no_storage(dtype, size, stride, requires_grad)``: no bytes to audit."""
     _arity("_rebuild_meta_tensor_no_storage", args, 4)
-    if not isinstance(args[0], DtypeToken):
-        bad("_rebuild_meta_tensor_no_storage called without a dtype")
-    if len(_ints(args[1], "tensor size")) != len(_ints(args[2], "tensor stride")):
+    if not isinstance(args[0], DtypeToken) or args[0].name in QUANTIZED_DTYPES:
+        bad("_rebuild_meta_tensor_no_storage called without a dtype torch makes meta tensors of")
+    shape = _ints(args[1], "tensor size")
+    if len(shape) != len(_ints(args[2], "tensor stride")):
         bad("meta tensor with unequal numbers of sizes and strides")
+    if math.prod(shape) > MAX_INT64:
+        bad("meta tensor with more elements than int64 counts (torch refuses it)")
     _requires_grad(args[3], args[0].name)
-    return Opaque("meta tensor")
+    return MetaTensor("meta tensor", args[0].name)
 
 
 _REBUILDERS: dict[str, Callable[..., object]] = {
@@ -253,13 +264,27 @@ def _labelled(kind: str, check: Callable[..., bool]) -> Callable[..., Opaque]:
     return stand_in
 
 
-def _device(kind: object = None, index: object = None) -> bool:
-    if type(kind) is int:
-        return index is None and 0 <= kind <= MAX_INT64
-    if type(kind) is not str or (index is not None and type(index) is not int):
+_DEVICE = re.compile(r"([a-z]+)(?::(0|[1-9][0-9]{0,8}))?")
+"""A device string as torch.device parses it: a type, then an index without leading zeros (nine
+digits always fit the int torch parses it into; ten may not, and are refused here)."""
+_UNSET = object()
+
+
+def _device(kind: object = None, index: object = _UNSET) -> bool:
+    """What torch.save writes: ``torch.device("cuda:0")`` or ``torch.device("cuda", 0)``.
+
+    ``torch.device(0)`` is refused: torch resolves it to the machine's accelerator and fails on a
+    machine without one, so whether it loads depends on where."""
+    if type(kind) is not str:
         return False
-    name, _, number = kind.partition(":")
-    return name in DEVICE_TYPES and (not number or (number.isdigit() and len(number) < 10 and index is None))
+    match = _DEVICE.fullmatch(kind)
+    if match is None or match.group(1) not in DEVICE_TYPES:
+        return False
+    if index is _UNSET:
+        return True
+    if match.group(2) is not None:  # torch refuses an index in the string and another beside it
+        return False
+    return index is None or (type(index) is int and 0 <= index <= MAX_INT64)
 
 
 def _complex(*args: object) -> bool:
@@ -360,5 +385,10 @@ NOT_READ = {
     "torch.storage.TypedStorage": "TypedStorage objects",
     **{f"torch.{name}": "quantized storages" for name in (
         "QInt32Storage", "QInt8Storage", "QUInt2x4Storage", "QUInt4x2Storage", "QUInt8Storage")},
+    # registered by `import torch` itself (add_safe_globals), so on torch's default allowlist
+    **dict.fromkeys(("torch.nested._internal.nested_tensor.NestedTensor",
+                     "torch.nested._internal.nested_tensor._rebuild_njt"), "nested jagged tensors"),
+    **dict.fromkeys(("torch.distributed._mesh_layout._FlatLayout",
+                     "torch.distributed._mesh_layout._MeshLayout"), "device-mesh layouts"),
 }  # fmt: skip
 """Globals torch allows that tieaudit does not read (refused as unsupported, not as unsafe)."""

@@ -10,6 +10,7 @@ default allowlist would be imported and used under ``torch.load(weights_only=Fal
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Literal
 
@@ -61,6 +62,12 @@ UnknownGlobal = Callable[[str, str], object]
 hands out for it (``inert``: a placeholder), or raise (``refuse_unknown``)."""
 
 _WHY = "torch.load(weights_only=True) refuses it too"
+
+LOCATION = re.compile(r"cpu|meta|mps.*|(?:cuda|xpu|hpu|mtia|privateuseone)(?::(?:0|[1-9][0-9]{0,8}))?", re.S)
+"""Storage locations torch's default restore (``torch.serialization.default_restore_location``)
+accepts on a machine that has the device: ``cpu`` and ``meta`` exactly, anything starting with
+``mps``, and the other backends with an optional index (as ``torch.device`` parses it); ``cuda:0``
+loads on a GPU machine, ``cpu:0`` or ``gpu`` on none."""
 
 
 def inert(name: str, path: str) -> object:
@@ -127,10 +134,13 @@ class TorchHooks:
     def find_global(self, module: str, name: str) -> object:
         full = f"{module}.{name}"  # torch looks globals up by the joined name
         self._note(module, name)
-        found = ALLOWLIST.get(full) if self.referenced[full].verdict == "allowed" else None
-        if found is not None:
-            return found
-        why = NOT_READ.get(full) or ("legacy tensor classes" if _legacy_tensor_class(full) else None)
+        why = NOT_READ.get(full)
+        if self.referenced[full].verdict == "allowed":
+            found = ALLOWLIST.get(full)
+            if found is not None:
+                return found
+            # Allowed but without a stand-in: never a placeholder, which would pass it as clean.
+            why = why or ("legacy tensor classes" if _legacy_tensor_class(full) else "no reader for it")
         if why is not None:
             raise UnsupportedFormatError(
                 f"pickle uses {full} ({why}), which tieaudit does not read", self.path
@@ -199,6 +209,8 @@ class TorchHooks:
             location = location.decode("ascii")
         if type(location) is not str:
             bad("malformed storage id (its location is not text)")
+        if not LOCATION.fullmatch(location):
+            bad(f"a storage location ({_shown(location[:40])}) that torch.load restores on no device")
         ref = StorageRef(
             key=key,
             dtype=storage_type.dtype,

@@ -90,6 +90,14 @@ class Opaque:
 
 
 @dataclass(frozen=True)
+class MetaTensor(Opaque):
+    """A tensor on the meta device (``_rebuild_meta_tensor_no_storage``): no bytes, only a label."""
+
+    dtype: str = "float32"
+    """Its dtype, which decides whether a parameter made of it may require gradients."""
+
+
+@dataclass(frozen=True)
 class Global:
     """An allowlisted global that is a function or class: what REDUCE and NEWOBJ do with it."""
 
