@@ -22,7 +22,7 @@ from tieaudit.core.bytestore import ByteStore
 from tieaudit.core.errors import InputError, UnsafeInputError
 from tieaudit.core.escape import printable
 from tieaudit.core.limits import TooLarge, nesting_depth_exceeds, parse_failure, read_limited
-from tieaudit.core.records import DeclaredTie, PickleGlobal, Skipped, StorageInfo, TensorInfo
+from tieaudit.core.records import DeclaredTie, PickleGlobal, Skipped, StorageInfo, TensorInfo, UnreadTensor
 from tieaudit.formats.hf_ties import CONFIG, config_ties
 from tieaudit.formats.magic import read_head, refuse_head
 from tieaudit.formats.safetensors import read_header
@@ -75,6 +75,8 @@ class FilePart:
     """Storage bytes that live in memory rather than in the file, by storage id."""
     pickle_globals: tuple[PickleGlobal, ...] = ()
     """The globals its pickle names (torch files), relative to the folder."""
+    unread: tuple[UnreadTensor, ...] = ()
+    """Its tensors listed but not read (quantized, sparse, meta, ...: torch files)."""
 
 
 MAX_CONFIG_BYTES = 16 << 20
@@ -239,6 +241,7 @@ def read_torch_part(folder: str, file: str) -> FilePart:
             skipped_more=sub.skipped_more,
             memory=memory,
             pickle_globals=tuple(PickleGlobal(g.name, g.verdict, file) for g in sub.pickle_globals),
+            unread=sub.unread,
         )
 
 
@@ -258,6 +261,8 @@ def rebased(part: FilePart, namespaced: bool) -> FilePart:
             for sid, s in part.storages.items()
         },
         memory={key(sid): data for sid, data in part.memory.items()},
+        unread=tuple(dataclasses.replace(u, file=part.file) for u in part.unread),
+        skipped=tuple(dataclasses.replace(s, file=part.file) for s in part.skipped),
     )
 
 
