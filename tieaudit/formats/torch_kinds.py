@@ -50,7 +50,7 @@ def _dims(value: object, what: str) -> tuple[int, ...]:
     return check_ints(value, what)
 
 
-def _fits(storage: StorageRef, offset: int, shape: tuple[int, ...], strides: tuple[int, ...]) -> None:
+def _fits(storage: StorageRef, offset: int, shape: tuple[int, ...], *, strides: tuple[int, ...]) -> None:
     """torch's setStorage bound: the view's last element lies inside the storage."""
     if len(shape) != len(strides):
         bad(f"tensor has {len(shape)} sizes but {len(strides)} strides")
@@ -91,7 +91,7 @@ def rebuild_qtensor(*args: object) -> OpaqueTensor:
         what = storage.dtype if isinstance(storage, StorageRef) else type(storage).__name__
         bad(f"a quantized tensor over a {what} storage, which torch refuses")
     shape, strides = check_ints(args[2], "tensor size"), check_ints(args[3], "tensor stride")
-    _fits(storage, check_int(args[1], "storage offset"), shape, strides)
+    _fits(storage, check_int(args[1], "storage offset"), shape, strides=strides)
     scheme = _quantizer(args[4], shape)
     check_requires_grad(args[5], storage.dtype)
     return OpaqueTensor(kind=f"quantized ({scheme})", dtype=storage.dtype, shape=shape)
