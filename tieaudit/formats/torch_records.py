@@ -205,6 +205,8 @@ def key_name(key: object) -> str:
         return key
     if isinstance(key, int) and not isinstance(key, bool):
         return str(key)
+    if isinstance(key, DtypeToken):  # as torch.load's dtype object prints: one name in both readings
+        return f"torch.{key.name}"
     return reprlib.repr(key)  # bounded depth and length, unlike str() of a hostile key
 
 
