@@ -374,7 +374,7 @@ def _onnx_model(path: Path) -> None:
     initializers = [
         numpy_helper.from_array(weight, "emb"),
         numpy_helper.from_array(weight.copy(), "head"),
-        helper.make_tensor("labels", TensorProto.STRING, [2], [b"cat", b"dog"]),
+        helper.make_tensor("labels", TensorProto.STRING, [2], [b"cat", b"dog"]),  # type: ignore[list-item]  # stubs: numbers only
         helper.make_tensor("nibbles", TensorProto.INT4, [4], [1, -2, 3, -4]),
         numpy_helper.from_array(np.arange(3, dtype=np.int64), "ids"),
     ]
