@@ -47,9 +47,6 @@ PARALLEL = 2
 """Children at once: the CPUs CI has."""
 EXTRA_ADDRESS_SPACE = 3 << 30
 """Address space a torch.load child may add to the server's (torch's libraries are mapped already)."""
-TENSOR_SKIPS = ("meta tensor leaf", "tensor of dtype", "tensor with ")
-"""tieaudit's reasons for skipping a leaf that torch returns as a tensor."""
-
 DELIBERATE: dict[str, str] = {}
 """Files torch refuses and tieaudit reads, with the reason (none: every such file is a failure)."""
 
@@ -81,7 +78,8 @@ def _torch_flatten(torch: Any, value: Any, name: str, out: list[dict[str, Any]])
         return found
     if isinstance(value, torch.Tensor):
         leaf: dict[str, Any] = {"name": name or ROOT_NAME, "tensor": True, "device": value.device.type}
-        if value.device.type != "meta" and not value.is_conj() and not value.is_neg():
+        plain = value.layout == torch.strided and not value.is_quantized and not value.is_nested
+        if plain and value.device.type != "meta" and not value.is_conj() and not value.is_neg():
             storage = value.untyped_storage()
             raw = value.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
             leaf.update(
@@ -245,8 +243,9 @@ def _tieaudit(path: Path) -> dict[str, Any]:
                     "sha256": hashlib.sha256(array.tobytes()).hexdigest(),
                 }
             for skipped in ckpt.skipped:
-                if skipped.reason != "name already used by an earlier entry":
-                    leaves[skipped.name] = {"tensor": skipped.reason.startswith(TENSOR_SKIPS)}
+                leaves[skipped.name] = {"tensor": False}
+            for unread in ckpt.unread:  # tensors listed, not read as values: quantized, sparse, meta, ...
+                leaves[unread.name] = {"tensor": True}
             storages = {t.name: t.storage_id for t in ckpt.tensors}
             return vars(Reading(True, "", leaves, storages, more=ckpt.skipped_more))
     except (InputError, OSError) as exc:

@@ -213,9 +213,14 @@ def test_odd_leaves_are_skipped_with_a_reason(tmp_path: Path) -> None:
     assert reasons["size"] == "torch.Size leaf" and reasons["device"] == "torch.device leaf"
     assert reasons["dtype"] == "torch.dtype leaf" and reasons["complex"] == "complex leaf"
     assert reasons["bytes"] == "bytes leaf" and reasons["set"] == "set leaf"
-    assert reasons["meta"] == "meta tensor leaf"
-    assert "conj" in reasons["conj"]
-    assert reasons["e8m0"] == "tensor of dtype float8_e8m0fnu, which tieaudit cannot view"
+    # Tensors tieaudit does not read as values are listed as tensors, not skipped as leaves.
+    assert {"meta", "conj", "e8m0"}.isdisjoint(reasons)
+    unread = {u.name: (u.kind, u.dtype, u.shape) for u in ckpt.unread}
+    assert unread == {
+        "meta": ("meta (no data)", "float32", (2,)),
+        "conj": ("conj bit set", "complex64", (2,)),
+        "e8m0": ("dtype numpy cannot view", "float8_e8m0fnu", (2,)),
+    }
 
 
 def test_numpy_values_are_read_as_placeholders_where_torch_refuses_them(tmp_path: Path) -> None:

@@ -147,6 +147,32 @@ class Skipped:
     """Dotted name of the entry."""
     reason: str
     """Why it was not read as a tensor, e.g. ``int leaf``."""
+    file: str = ""
+    """The file holding it, relative to the checkpoint folder ("" for notes on no file's entry)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnreadTensor:
+    """A tensor the file holds that tieaudit lists but does not read as stored values: quantized,
+    sparse, nested, meta, of a dtype numpy has no view for (complex32, bits8, int4, ...), with the
+    conj or neg bit set, a wrapper subclass. Never audited; convert refuses it, retie carries it
+    unchanged (torch writes it back) and verifies it with the reference loader."""
+
+    name: str
+    """Dotted name of the entry."""
+    kind: str
+    """What it is, e.g. ``quantized (per_tensor_affine)``, ``sparse (sparse_coo)``, ``conj bit``."""
+    dtype: str
+    """torch dtype name of its elements."""
+    shape: tuple[int, ...] | None
+    """Size per dimension (None: a nested tensor's ragged dims)."""
+    file: str
+    """File holding it, relative to the checkpoint path's folder."""
+
+    def describe(self) -> str:
+        """``kind, dtype [d0, d1]`` for one-line messages (names escaped by the caller)."""
+        shape = "" if self.shape is None else f" {list(self.shape)}"
+        return f"{self.kind}, {self.dtype}{shape}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -264,6 +290,19 @@ class Checkpoint:
     """A training checkpoint's model part and optimizer states (None: not a training checkpoint)."""
     gguf: GgufFacts | None = None
     """A GGUF file's architecture, tokenizer and head policy (None: not GGUF)."""
+    unread: tuple[UnreadTensor, ...] = ()
+    """Tensors listed but not read (quantized, sparse, meta, ...): every one is kept, never counted
+    away like ``skipped``, since convert and retie must account for each."""
+
+    def __post_init__(self) -> None:
+        # Two tensors under one name would let every later stage keep one of them silently: the
+        # readers refuse this with the detail; this is the backstop for every way of building one.
+        seen: set[str] = set()
+        for name in [t.name for t in self.tensors] + [u.name for u in self.unread]:
+            if name in seen:
+                message = f"two tensors are named {quoted(name)}; tieaudit does not choose one"
+                raise InputError(message, self.path)
+            seen.add(name)
 
     @cached_property
     def _by_name(self) -> dict[str, TensorInfo]:

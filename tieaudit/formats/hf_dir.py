@@ -20,9 +20,9 @@ from typing import Any
 
 from tieaudit.core.bytestore import ByteStore
 from tieaudit.core.errors import InputError, UnsafeInputError
-from tieaudit.core.escape import printable
+from tieaudit.core.escape import printable, quoted
 from tieaudit.core.limits import TooLarge, nesting_depth_exceeds, parse_failure, read_limited
-from tieaudit.core.records import DeclaredTie, PickleGlobal, Skipped, StorageInfo, TensorInfo
+from tieaudit.core.records import DeclaredTie, PickleGlobal, Skipped, StorageInfo, TensorInfo, UnreadTensor
 from tieaudit.formats.hf_ties import CONFIG, config_ties
 from tieaudit.formats.magic import read_head, refuse_head
 from tieaudit.formats.safetensors import read_header
@@ -75,6 +75,8 @@ class FilePart:
     """Storage bytes that live in memory rather than in the file, by storage id."""
     pickle_globals: tuple[PickleGlobal, ...] = ()
     """The globals its pickle names (torch files), relative to the folder."""
+    unread: tuple[UnreadTensor, ...] = ()
+    """Its tensors listed but not read (quantized, sparse, meta, ...: torch files)."""
 
 
 MAX_CONFIG_BYTES = 16 << 20
@@ -142,8 +144,25 @@ def confined_path(folder: str, name: str, listed_in: str | None = None) -> str:
     return path
 
 
-def load_json(folder: str, name: str) -> Any:
-    """Parse one JSON file of the folder, size and nesting bounded, with errors naming the file."""
+class RepeatedKeyError(ValueError):
+    """A key appears twice in one JSON object: Python's json keeps the last, other readers the first."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise RepeatedKeyError(f"the key {quoted(key, 80)} appears twice in one object")
+            seen.add(key)
+    return found
+
+
+def load_json(folder: str, name: str, *, unique_keys: bool = False) -> Any:
+    """Parse one JSON file of the folder, size and nesting bounded, with errors naming the file;
+    unique_keys: a key repeated in one object is refused (a shard index: which shard holds a name
+    must not depend on the reader keeping the first or the last)."""
     path = confined_path(folder, name)
     limit_name, limit = JSON_LIMITS.get(os.path.basename(name), JSON_LIMITS[CONFIG])
     try:
@@ -153,7 +172,7 @@ def load_json(folder: str, name: str) -> Any:
     except OSError as exc:
         raise InputError(f"cannot read {name}: {exc.strerror or exc}", folder) from exc
     try:
-        document = json.loads(data.decode("utf-8"))
+        document = json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys if unique_keys else None)
     except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, too many digits, too deep
         raise InputError(f"{name} is not valid JSON ({parse_failure(exc)})", folder) from exc
     if nesting_depth_exceeds(document, MAX_JSON_DEPTH):
@@ -163,7 +182,7 @@ def load_json(folder: str, name: str) -> Any:
 
 def read_index(folder: str, name: str) -> WeightSet:
     """A shard index: its weight map (validated) and its string metadata."""
-    index = load_json(folder, name)
+    index = load_json(folder, name, unique_keys=True)
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
@@ -239,6 +258,7 @@ def read_torch_part(folder: str, file: str) -> FilePart:
             skipped_more=sub.skipped_more,
             memory=memory,
             pickle_globals=tuple(dataclasses.replace(g, file=file) for g in sub.pickle_globals),
+            unread=sub.unread,
         )
 
 
@@ -258,6 +278,8 @@ def rebased(part: FilePart, namespaced: bool) -> FilePart:
             for sid, s in part.storages.items()
         },
         memory={key(sid): data for sid, data in part.memory.items()},
+        unread=tuple(dataclasses.replace(u, file=part.file) for u in part.unread),
+        skipped=tuple(dataclasses.replace(s, file=part.file) for s in part.skipped),
     )
 
 

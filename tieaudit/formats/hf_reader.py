@@ -56,6 +56,7 @@ class HfDirReader(Reader):
             skipped=tuple(notes + tokenizer_notes),
             skipped_more=sum(part.skipped_more for part in parts),
             pickle_globals=tuple(g for part in parts for g in part.pickle_globals),
+            unread=tuple(u for part in parts for u in part.unread),
             config=model_config(
                 config,
                 os.path.join(folder, CONFIG),

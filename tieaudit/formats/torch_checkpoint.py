@@ -1,8 +1,11 @@
 """From an unpickled torch object to a Checkpoint: leaves under dotted names, views checked.
 
 Nested training checkpoints (``{"model": ..., "optimizer": ...}``) are flattened to dotted names
-(``model.lm_head.weight``, ``optimizer.state.0.exp_avg``); leaves that are not viewable tensors
-are kept as ``Skipped`` entries with the reason.
+(``model.lm_head.weight``, ``optimizer.state.0.exp_avg``); tensors tieaudit does not read as
+values (quantized, sparse, meta, complex32, conj bit, ...) are listed as ``UnreadTensor`` entries,
+other leaves kept as ``Skipped`` entries with the reason. Two leaves that flatten to one name (a
+nested key and a dotted key, ``0`` and ``"0"``, a list index and a key) are refused, never resolved
+by keeping one.
 """
 
 from __future__ import annotations
@@ -14,18 +17,36 @@ from dataclasses import dataclass
 from tieaudit.core.bytestore import ByteStore, OpenCheckpoint
 from tieaudit.core.dtypes import ITEMSIZE, itemsize
 from tieaudit.core.errors import InputError
-from tieaudit.core.escape import printable
-from tieaudit.core.records import MAX_KEPT_SKIPPED, Checkpoint, PickleGlobal, Skipped, StorageInfo, TensorInfo
+from tieaudit.core.escape import printable, quoted
+from tieaudit.core.records import (
+    MAX_KEPT_SKIPPED,
+    Checkpoint,
+    PickleGlobal,
+    Skipped,
+    StorageInfo,
+    TensorInfo,
+    UnreadTensor,
+)
 from tieaudit.formats.pickle_globals import Named
 from tieaudit.formats.pickle_vm import MAX_DEPTH
-from tieaudit.formats.torch_globals import LABEL_ITEMSIZE
-from tieaudit.formats.torch_records import DtypeToken, Opaque, Placeholder, StorageRef, TensorRecord, key_name
+from tieaudit.formats.torch_records import (
+    DtypeToken,
+    Opaque,
+    OpaqueTensor,
+    Placeholder,
+    StorageRef,
+    TensorRecord,
+    element_size,
+    key_name,
+)
 from tieaudit.formats.viewable import check_viewable
 
 MAX_VISITS = 1_000_000
 """Values visited while flattening; bounds work on pickles that share one container many times."""
 ROOT_NAME = "<root>"
 """Name of the tensor when the checkpoint is a single tensor rather than a container."""
+TENSORS = (TensorRecord, OpaqueTensor)
+"""Leaves that are tensors, read or only listed."""
 
 LocateStorage = Callable[[StorageRef], int]
 """Absolute file offset of a storage's first byte; raises InputError when its bytes are not there."""
@@ -121,14 +142,14 @@ def _leaves(root: object, path: str) -> list[tuple[str, object]]:
         tensor is one leaf (its numbers and strings would only be noise)."""
         if not isinstance(value, WALKED):
             add((name or ROOT_NAME, value))
-            return isinstance(value, TensorRecord)
+            return isinstance(value, TENSORS)
         first = len(leaves)
         prefix = f"{name}." if name else ""
         found = False
         for key, item in _items(value):
             if not isinstance(item, WALKED):
                 add((prefix + key, item))
-                found = found or isinstance(item, TensorRecord)
+                found = found or isinstance(item, TENSORS)
             elif _nonempty(item):  # an empty container has no leaves to name
                 found = walk(prefix + key, item) or found
         if isinstance(value, Placeholder) and not found:
@@ -165,16 +186,24 @@ def _skip_reason(value: object) -> str:
         return "torch.dtype leaf"
     if isinstance(value, StorageRef):
         return "bare storage leaf (not a tensor)"
-    if isinstance(value, TensorRecord) and value.dtype not in ITEMSIZE:
-        return f"tensor of dtype {value.dtype}, which tieaudit cannot view"
-    if isinstance(value, TensorRecord):
-        return f"tensor with {'/'.join(sorted(value.flags))} bit set: stored bytes are not its values"
     return f"{'None' if value is None else type(value).__name__} leaf"
+
+
+def _unread(name: str, record: TensorRecord | OpaqueTensor, path: str, *, file: str) -> UnreadTensor:
+    """The listing of a tensor tieaudit does not read as values (its view still checked to fit)."""
+    if isinstance(record, OpaqueTensor):
+        return UnreadTensor(name=name, kind=record.kind, dtype=record.dtype, shape=record.shape, file=file)
+    _check_view(name, record, path)
+    if record.flags:
+        kind = f"{' and '.join(sorted(record.flags))} bit{'s' if len(record.flags) > 1 else ''} set"
+    else:
+        kind = "dtype numpy cannot view"
+    return UnreadTensor(name=name, kind=kind, dtype=record.dtype, shape=record.shape, file=file)
 
 
 def _check_view(name: str, record: TensorRecord, path: str) -> None:
     """The view stays inside its storage, as torch's set_ requires (for every dtype, viewable or not)."""
-    size = ITEMSIZE.get(record.dtype) or LABEL_ITEMSIZE[record.dtype]
+    size = element_size(record.dtype)
     last = sum((dim - 1) * stride for dim, stride in zip(record.shape, record.strides, strict=True))
     numel_zero = any(dim == 0 for dim in record.shape)
     end = record.offset * size if numel_zero else (record.offset + last + 1) * size
@@ -216,17 +245,23 @@ def build_checkpoint(
     """Turn the unpickled object into a Checkpoint: tensors, storages located in the file, skipped leaves."""
     file = os.path.basename(path)
     tensors: list[TensorInfo] = []
+    unread: list[UnreadTensor] = []
     skipped: list[Skipped] = []
     more = 0
     seen: set[str] = set()
     plain = _PLAIN_REASONS.get
     for name, record in _leaves(root, path):
-        reason = plain(type(record))
         if name in seen:
-            reason = "name already used by an earlier entry"
+            raise InputError(
+                f"two entries are named {quoted(name)} once nested keys are joined with '.' (a nested "
+                "and a dotted key, or keys like 0 and '0'); tieaudit does not choose one",
+                path,
+            )
+        seen.add(name)
+        reason = plain(type(record))
         if reason is not None:  # the common non-tensor leaves (optimizer indexes, hyperparameters)
             if len(skipped) < MAX_KEPT_SKIPPED:
-                skipped.append(Skipped(name, reason))
+                skipped.append(Skipped(name, reason, file))
             else:
                 more += 1
         elif isinstance(record, TensorRecord) and not record.flags and record.dtype in ITEMSIZE:
@@ -251,14 +286,12 @@ def build_checkpoint(
                     file=file,
                 )
             )
+        elif isinstance(record, TENSORS):
+            unread.append(_unread(name, record, path, file=file))
+        elif len(skipped) < MAX_KEPT_SKIPPED:
+            skipped.append(Skipped(name, _skip_reason(record), file))
         else:
-            if isinstance(record, TensorRecord):  # not viewable here (dtype, conj/neg bit), but torch
-                _check_view(name, record, path)  # still refuses one that reaches past its storage
-            if len(skipped) < MAX_KEPT_SKIPPED:
-                skipped.append(Skipped(name, _skip_reason(record)))
-            else:
-                more += 1
-        seen.add(name)
+            more += 1
     checkpoint = Checkpoint(
         path=path,
         format="torch",
@@ -266,6 +299,7 @@ def build_checkpoint(
         storages=_storage_infos(storages, tensors, locate, file=file),
         skipped=tuple(skipped),
         skipped_more=more,
+        unread=tuple(unread),
         files=(file,),
         pickle_globals=tuple(
             PickleGlobal(name=name, verdict=g.verdict, file=file, use=g.described())

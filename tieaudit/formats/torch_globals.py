@@ -3,8 +3,10 @@
 torch's default allowlist (``torch/_weights_only_unpickler.py:_get_allowed_globals``) maps dotted
 names to torch's own callables. Here each name maps to a stand-in that checks its arguments the
 way torch's function would (or refuses what torch would refuse) and returns plain records: a
-``TensorRecord`` (a strided view into a storage), a ``StorageRef``, a ``DtypeToken`` or a labelled
-``Opaque`` leaf. Nothing is imported; no name outside the allowlist is ever resolved here.
+``TensorRecord`` (a strided view into a storage), a ``StorageRef``, a ``DtypeToken``, a labelled
+``Opaque`` leaf, or an ``OpaqueTensor`` for a tensor kind that is listed but not read (quantized,
+sparse, nested, meta, ...: ``torch_kinds``). Nothing is imported; no name outside the allowlist is
+ever resolved here.
 """
 
 from __future__ import annotations
@@ -14,19 +16,27 @@ import re
 from collections.abc import Callable
 
 from tieaudit.core.dtypes import ITEMSIZE
+from tieaudit.formats import torch_kinds
+from tieaudit.formats.torch_records import GRAD_DTYPES as GRAD_DTYPES  # the tests check it here
 from tieaudit.formats.torch_records import (
+    LABEL_ITEMSIZE,
     MAX_INT64,
+    QUANTIZED_ITEMSIZE,
     CounterDict,
     DtypeToken,
     Global,
-    MetaTensor,
     Opaque,
+    OpaqueTensor,
+    Placeholder,
     StateDict,
     StorageRef,
     StorageType,
     TensorRecord,
     bad,
+    check_arity,
     check_int,
+    check_ints,
+    check_requires_grad,
 )
 
 STORAGE_DTYPES: dict[str, str] = {
@@ -45,21 +55,17 @@ STORAGE_DTYPES: dict[str, str] = {
 }
 """Legacy typed storage classes (``torch.`` and ``torch.cuda.``) and their element dtype."""
 
-_LABEL_ONLY_DTYPES = (
-    "complex32 float4_e2m1fn_x2 float8_e8m0fnu bits16 bits1x8 bits2x4 bits4x2 bits8 "
-    "qint32 qint8 quint2x4 quint4x2 quint8 " + " ".join(f"int{n} uint{n}" for n in range(1, 8))
-).split()
-"""Dtypes torch's allowlist names that tieaudit cannot view as numpy: allowed as labels only."""
-LABEL_ITEMSIZE = {n: {"complex32": 4, "bits16": 2, "qint32": 4}.get(n, 1) for n in _LABEL_ONLY_DTYPES}
-"""torch's itemsize of each, to bounds-check their tensors (packed quint4x2/2x4 count 1 per element)."""
-QUANTIZED_DTYPES = frozenset("qint32 qint8 quint2x4 quint4x2 quint8".split())
+QUANTIZED_STORAGES: dict[str, str] = {
+    "QInt8Storage": "qint8",
+    "QUInt8Storage": "quint8",
+    "QInt32Storage": "qint32",
+    "QUInt4x2Storage": "quint4x2",
+    "QUInt2x4Storage": "quint2x4",
+}
+"""Quantized storage classes (``torch.`` only): a quantized tensor's bytes, listed, not read."""
+assert set(QUANTIZED_STORAGES.values()) == set(QUANTIZED_ITEMSIZE)
+QUANTIZED_DTYPES = frozenset(QUANTIZED_ITEMSIZE)
 """Dtypes torch has no meta (or empty) tensors of."""
-
-GRAD_DTYPES = frozenset(
-    "bfloat16 complex128 complex32 complex64 float16 float32 float4_e2m1fn_x2 float64 float8_e4m3fn "
-    "float8_e4m3fnuz float8_e5m2 float8_e5m2fnuz float8_e8m0fnu".split()
-)
-"""Dtypes whose tensors torch lets require gradients (others fail to load with requires_grad)."""
 
 TENSOR_ATTRIBUTES = frozenset(
     "H T __class__ __cuda_array_interface__ __dict__ __weakref__ _backward_hooks _base _cdata _grad "
@@ -84,21 +90,9 @@ DEVICE_TYPES = frozenset(
 """Device type names torch.device accepts."""
 
 
-def _ints(value: object, what: str) -> tuple[int, ...]:
-    if type(value) is not tuple and type(value) is not list:
-        bad(f"{what} is {type(value).__name__}, expected a tuple of ints")
-    items: tuple[object, ...] = tuple(value)
-    for item in items:
-        if type(item) is not int or item < 0 or item > MAX_INT64:
-            return tuple(check_int(each, what) for each in items)  # raises, naming the problem
-    return items  # type: ignore[return-value]
-
-
-def _requires_grad(value: object, dtype: str) -> None:
-    if type(value) is not bool:
-        bad(f"requires_grad is {type(value).__name__}, expected a bool (torch refuses it)")
-    if value and dtype not in GRAD_DTYPES:
-        bad(f"a tensor of dtype {dtype} requires gradients, which torch refuses to load")
+_ints = check_ints
+_requires_grad = check_requires_grad
+_arity = check_arity
 
 
 def _flags(metadata: object, dtype: str) -> frozenset[str]:
@@ -133,11 +127,6 @@ def _view(args: tuple[object, ...], dtype: str | None, metadata: object = None) 
     )
 
 
-def _arity(name: str, args: tuple[object, ...], *counts: int) -> None:
-    if len(args) not in counts:
-        bad(f"{name} called with {len(args)} arguments")
-
-
 def rebuild_tensor(*args: object) -> TensorRecord:
     """``torch._utils._rebuild_tensor(storage, storage_offset, size, stride)``."""
     _arity("_rebuild_tensor", args, 4)
@@ -162,9 +151,9 @@ def rebuild_tensor_v3(*args: object) -> TensorRecord:
     return record
 
 
-def parameter(data: object = None, requires_grad: object = True) -> TensorRecord | MetaTensor:
+def parameter(data: object = None, requires_grad: object = True) -> TensorRecord | OpaqueTensor:
     """``torch.nn.Parameter(data, requires_grad)``: the data tensor itself."""
-    if not isinstance(data, (TensorRecord, MetaTensor)):
+    if not isinstance(data, (TensorRecord, OpaqueTensor)):
         bad(f"a parameter made from a {type(data).__name__}, not a tensor")
     _requires_grad(requires_grad, data.dtype)  # a meta tensor's own dtype too: int64 cannot require grad
     return data
@@ -203,8 +192,8 @@ def rebuild_parameter_with_state(*args: object) -> object:
     return parameter(args[0], args[1])
 
 
-def rebuild_meta(*args: object) -> MetaTensor:
-    """``_rebuild_meta_tensor_no_storage(dtype, size, stride, requires_grad)``: no bytes to audit."""
+def rebuild_meta(*args: object) -> OpaqueTensor:
+    """``_rebuild_meta_tensor_no_storage(dtype, size, stride, requires_grad)``: no bytes at all."""
     _arity("_rebuild_meta_tensor_no_storage", args, 4)
     if not isinstance(args[0], DtypeToken) or args[0].name in QUANTIZED_DTYPES:
         bad("_rebuild_meta_tensor_no_storage called without a dtype torch makes meta tensors of")
@@ -214,7 +203,7 @@ def rebuild_meta(*args: object) -> MetaTensor:
     if math.prod(shape) > MAX_INT64:
         bad("meta tensor with more elements than int64 counts (torch refuses it)")
     _requires_grad(args[3], args[0].name)
-    return MetaTensor("meta tensor", args[0].name)
+    return OpaqueTensor(kind="meta (no data)", dtype=args[0].name, shape=shape)
 
 
 _REBUILDERS: dict[str, Callable[..., object]] = {
@@ -224,6 +213,7 @@ _REBUILDERS: dict[str, Callable[..., object]] = {
     "_rebuild_parameter": rebuild_parameter,
     "_rebuild_parameter_with_state": rebuild_parameter_with_state,
     "_rebuild_meta_tensor_no_storage": rebuild_meta,
+    **torch_kinds.REBUILDERS,
 }
 TENSOR = Global("torch.Tensor")
 """The tensor class: a type for _rebuild_from_type_v2; calling it (legacy constructor) is refused."""
@@ -236,10 +226,18 @@ def rebuild_from_type_v2(*args: object) -> object:
     func, new_type, func_args, state = args
     if not isinstance(func, Global) or func.call not in _REBUILDERS.values():
         bad("_rebuild_from_type_v2 with a function other than a tensor rebuild")
-    if new_type not in (TENSOR, PARAMETER) or type(func_args) is not tuple:
-        bad("_rebuild_from_type_v2 with an unexpected tensor type or arguments")
+    if new_type not in (TENSOR, PARAMETER) and not isinstance(new_type, Placeholder):
+        bad("_rebuild_from_type_v2 with an unexpected tensor type")
+    if type(func_args) is not tuple:
+        bad("_rebuild_from_type_v2 with arguments that are not a tuple")
     assert func.call is not None
     result = func.call(*func_args)
+    if isinstance(new_type, Placeholder):
+        # A subclass outside the allowlist (torch refuses it by default): an inert object of that
+        # class holding the rebuilt tensor and its attributes, each listed under its own name.
+        made = Placeholder(new_type.name, made=True, args=(result,))
+        made.states = (state,)
+        return made
     check_state(state)
     return result
 
@@ -311,8 +309,21 @@ def _bytearray(*args: object) -> bool:
     return len(args) <= 1 and all(type(arg) is bytes for arg in args)
 
 
-def _size(*args: object) -> bool:
-    return len(args) <= 1 and all(len(_ints(arg, "torch.Size")) <= 64 for arg in args)
+def _size(*args: object) -> Opaque:
+    if len(args) > 1 or (args and len(_ints(args[0], "torch.Size")) > 64):
+        bad("torch.Size called with arguments tieaudit does not accept")
+    return Opaque("torch.Size", tuple(args[0]) if args else ())  # type: ignore[arg-type]
+
+
+def _named_label(kind: str, check: Callable[..., bool]) -> Callable[..., Opaque]:
+    # A device or layout keeps its name: the rebuild functions of torch_kinds read it.
+    def stand_in(*args: object) -> Opaque:
+        if not check(*args):
+            bad(f"{kind} called with arguments tieaudit does not accept")
+        name = args[0] if args and type(args[0]) is str else None
+        return Opaque(kind, name)
+
+    return stand_in
 
 
 def _ordered_dict(*args: object) -> StateDict:
@@ -337,9 +348,9 @@ def _functions() -> dict[str, Global]:
     singles: dict[str, Callable[..., object]] = {
         "torch._tensor._rebuild_from_type_v2": rebuild_from_type_v2,
         "_codecs.encode": _encode,
-        "torch.Size": _labelled("torch.Size", _size),
-        "torch.device": _labelled("torch.device", _device),
-        "torch.serialization._get_layout": _labelled(
+        "torch.Size": _size,
+        "torch.device": _named_label("torch.device", _device),
+        "torch.serialization._get_layout": _named_label(
             "torch.layout", lambda *a: len(a) == 1 and a[0] in LAYOUTS
         ),
         "builtins.set": _labelled("set", _scalars),
@@ -362,16 +373,17 @@ def _allowlist() -> dict[str, object]:
         allowed.update(
             {f"{module}.{name}": StorageType(dtype, True) for name, dtype in STORAGE_DTYPES.items()}
         )
+    allowed.update({f"torch.{name}": StorageType(dtype, True) for name, dtype in QUANTIZED_STORAGES.items()})
     allowed["torch.storage.UntypedStorage"] = StorageType("uint8", False)
-    allowed.update({f"torch.{name}": DtypeToken(name) for name in (*ITEMSIZE, *_LABEL_ONLY_DTYPES)})
+    allowed.update({f"torch.{name}": DtypeToken(name) for name in (*ITEMSIZE, *LABEL_ITEMSIZE)})
     for scheme in (
         "per_tensor_affine",
         "per_tensor_symmetric",
         "per_channel_affine",
         "per_channel_symmetric",
+        "per_channel_affine_float_qparams",
     ):
-        allowed[f"torch.{scheme}"] = Opaque("torch.qscheme")
-    allowed["torch.per_channel_affine_float_qparams"] = Opaque("torch.qscheme")
+        allowed[f"torch.{scheme}"] = Opaque("torch.qscheme", scheme)
     return allowed
 
 
@@ -379,16 +391,10 @@ ALLOWLIST: dict[str, object] = _allowlist()
 """Every global tieaudit reads, by dotted name, mapped to its stand-in (a subset of torch's)."""
 
 NOT_READ = {
-    **{f"torch._utils.{name}": "quantized, sparse, nested or subclass tensors" for name in (
-        "_rebuild_qtensor", "_rebuild_sparse_tensor", "_rebuild_nested_tensor", "_rebuild_wrapper_subclass",
-        "_rebuild_device_tensor_from_numpy", "_rebuild_device_tensor_from_cpu_tensor")},
     "torch.storage.TypedStorage": "TypedStorage objects",
-    **{f"torch.{name}": "quantized storages" for name in (
-        "QInt32Storage", "QInt8Storage", "QUInt2x4Storage", "QUInt4x2Storage", "QUInt8Storage")},
     # registered by `import torch` itself (add_safe_globals), so on torch's default allowlist
-    **dict.fromkeys(("torch.nested._internal.nested_tensor.NestedTensor",
-                     "torch.nested._internal.nested_tensor._rebuild_njt"), "nested jagged tensors"),
-    **dict.fromkeys(("torch.distributed._mesh_layout._FlatLayout",
-                     "torch.distributed._mesh_layout._MeshLayout"), "device-mesh layouts"),
+    **{f"torch.nested._internal.nested_tensor.{n}": "nested jagged tensors" for n in ("NestedTensor",
+                                                                                     "_rebuild_njt")},
+    **{f"torch.distributed._mesh_layout.{n}": "device-mesh layouts" for n in ("_FlatLayout", "_MeshLayout")},
 }  # fmt: skip
 """Globals torch allows that tieaudit does not read (refused as unsupported, not as unsafe)."""

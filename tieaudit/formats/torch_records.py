@@ -18,6 +18,27 @@ MAX_INT64 = 2**63 - 1
 """torch keeps sizes, strides, offsets and element counts as int64; larger values are refused
 before any arithmetic (torch itself fails on them)."""
 
+QUANTIZED_ITEMSIZE: dict[str, int] = {"qint8": 1, "quint8": 1, "qint32": 4, "quint4x2": 1, "quint2x4": 1}
+"""Quantized dtypes (torch's QInt8Storage and friends): their tensors are listed, never viewed."""
+LABEL_ITEMSIZE: dict[str, int] = {
+    "complex32": 4, "float4_e2m1fn_x2": 1, "float8_e8m0fnu": 1, "bits16": 2, "bits1x8": 1,
+    "bits2x4": 1, "bits4x2": 1, "bits8": 1, **QUANTIZED_ITEMSIZE,
+    **{f"{sign}int{n}": 1 for sign in ("", "u") for n in range(1, 8)},
+}  # fmt: skip
+"""Dtypes torch's allowlist names that numpy cannot view, with torch's element size: a tensor of
+one is listed (kind, dtype, shape) but its bytes are never read as values."""
+
+GRAD_DTYPES = frozenset(
+    "bfloat16 complex128 complex32 complex64 float16 float32 float4_e2m1fn_x2 float64 float8_e4m3fn "
+    "float8_e4m3fnuz float8_e5m2 float8_e5m2fnuz float8_e8m0fnu".split()
+)
+"""Dtypes whose tensors torch lets require gradients (others fail to load with requires_grad)."""
+
+
+def element_size(dtype: str) -> int:
+    """Bytes per element of a dtype torch's allowlist names (viewable or label-only)."""
+    return ITEMSIZE.get(dtype) or LABEL_ITEMSIZE[dtype]
+
 
 def bad(message: str) -> NoReturn:
     """Refuse the pickle: torch would fail here too, or tieaudit cannot read it the same way."""
@@ -60,7 +81,7 @@ class StorageRef:
     @property
     def nbytes(self) -> int:
         """Bytes the storage holds."""
-        return self.numel * ITEMSIZE[self.dtype]
+        return self.numel * element_size(self.dtype)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,18 +104,27 @@ class TensorRecord:
 
 @dataclass(frozen=True)
 class Opaque:
-    """A value kept only as a label (torch.device, torch.Size, a set, a meta tensor, ...)."""
+    """A value kept only as a label (torch.device, torch.Size, a set, a layout, a qscheme, ...)."""
 
     kind: str
     """What it was, e.g. ``torch.device``."""
+    value: tuple[int, ...] | str | None = None
+    """What a rebuild function needs of it: a torch.Size's dims, a layout's, qscheme's or
+    device's name (None for the others)."""
 
 
-@dataclass(frozen=True)
-class MetaTensor(Opaque):
-    """A tensor on the meta device (``_rebuild_meta_tensor_no_storage``): no bytes, only a label."""
+@dataclass(frozen=True, kw_only=True)
+class OpaqueTensor:
+    """A tensor torch.load rebuilds that is not a strided view of stored values tieaudit reads:
+    quantized, sparse, nested, meta, a wrapper subclass, converted while loading. Listed under its
+    name with what it is; its bytes are never read as values."""
 
-    dtype: str = "float32"
-    """Its dtype, which decides whether a parameter made of it may require gradients."""
+    kind: str
+    """What it is, e.g. ``quantized (per_tensor_affine)`` or ``sparse (sparse_csr)``."""
+    dtype: str
+    """torch dtype name of its elements (its values' for a sparse tensor)."""
+    shape: tuple[int, ...] | None
+    """Size per dimension; None where torch gives none (a nested tensor's ragged dims)."""
 
 
 @dataclass(frozen=True)
@@ -175,6 +205,8 @@ def key_name(key: object) -> str:
         return key
     if isinstance(key, int) and not isinstance(key, bool):
         return str(key)
+    if isinstance(key, DtypeToken):  # as torch.load's dtype object prints: one name in both readings
+        return f"torch.{key.name}"
     return reprlib.repr(key)  # bounded depth and length, unlike str() of a hostile key
 
 
@@ -184,6 +216,31 @@ class StateDict(OrderedDict[Any, Any]):
 
 class CounterDict(dict[Any, Any]):
     """Stand-in for ``collections.Counter``."""
+
+
+def check_arity(name: str, args: tuple[object, ...], *counts: int) -> None:
+    """Refuse a call with a number of arguments torch's function does not take."""
+    if len(args) not in counts:
+        bad(f"{name} called with {len(args)} arguments")
+
+
+def check_ints(value: object, what: str) -> tuple[int, ...]:
+    """value as a tuple (or list) of non-negative int64s, or refuse."""
+    if type(value) is not tuple and type(value) is not list:
+        bad(f"{what} is {type(value).__name__}, expected a tuple of ints")
+    items: tuple[object, ...] = tuple(value)
+    for item in items:
+        if type(item) is not int or item < 0 or item > MAX_INT64:
+            return tuple(check_int(each, what) for each in items)  # raises, naming the problem
+    return items  # type: ignore[return-value]
+
+
+def check_requires_grad(value: object, dtype: str) -> None:
+    """torch's rule for requires_grad while loading: a bool, and only for dtypes that may have gradients."""
+    if type(value) is not bool:
+        bad(f"requires_grad is {type(value).__name__}, expected a bool (torch refuses it)")
+    if value and dtype not in GRAD_DTYPES:
+        bad(f"a tensor of dtype {dtype} requires gradients, which torch refuses to load")
 
 
 def check_int(value: object, what: str) -> int:

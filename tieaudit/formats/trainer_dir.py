@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tieaudit.core.errors import InputError
-from tieaudit.core.records import Checkpoint, PickleGlobal, Skipped, StorageInfo, TensorInfo
+from tieaudit.core.records import Checkpoint, PickleGlobal, Skipped, StorageInfo, TensorInfo, UnreadTensor
 from tieaudit.core.training import OptimizerRecord, OptimizerSlot, TrainingLayout, TrainingPart
 from tieaudit.core.units import plural
 
@@ -78,6 +78,8 @@ class TrainerRead:
     """The folder's training layout (set by ``read_trainer_folder``)."""
     pickle_globals: tuple[PickleGlobal, ...] = ()
     """The globals their pickles name, files relative to the folder (TIE010/TIE011)."""
+    unread: tuple[UnreadTensor, ...] = ()
+    """Their tensors listed but not read, prefixed like the tensors."""
 
     def part_fields(self) -> dict[str, Any]:
         """What the folder reader's FilePart takes from this (tensors, storages, notes, memory)."""
@@ -88,6 +90,7 @@ class TrainerRead:
             "skipped_more": self.skipped_more,
             "memory": dict(self.memory),
             "pickle_globals": self.pickle_globals,
+            "unread": self.unread,
         }
 
 
@@ -147,6 +150,7 @@ def read_trainer_files(folder: str, files: Sequence[tuple[str, str, str]]) -> Tr
     parts: list[TrainingPart] = []
     optimizers: list[OptimizerRecord] = []
     named: list[PickleGlobal] = []
+    unread: list[UnreadTensor] = []
     for file, path, role in files:
         if file.endswith(".json"):
             parts.append(TrainingPart(path=file, role=role, status=JSON_NOTE))
@@ -164,7 +168,8 @@ def read_trainer_files(folder: str, files: Sequence[tuple[str, str, str]]) -> Tr
             memory.update({f"{file}#{sid}": bytes(opened.store.buffer(s)) for sid, s in in_memory.items()})
         tensors += more_tensors
         storages.update(more_storages)
-        skipped += [Skipped(f"{stem}.{s.name}", s.reason) for s in ckpt.skipped]
+        skipped += [Skipped(f"{stem}.{s.name}", s.reason, file) for s in ckpt.skipped]
+        unread += [dataclasses.replace(u, name=f"{stem}.{u.name}", file=file) for u in ckpt.unread]
         more += ckpt.skipped_more
         named += [dataclasses.replace(g, file=file) for g in ckpt.pickle_globals]
         read.append(file)
@@ -183,6 +188,7 @@ def read_trainer_files(folder: str, files: Sequence[tuple[str, str, str]]) -> Tr
         parts=tuple(parts),
         optimizers=tuple(optimizers),
         pickle_globals=tuple(named),
+        unread=tuple(unread),
     )
 
 

@@ -5,7 +5,8 @@ torch-free and streaming: the pickle is read by tieaudit's torch reader (no code
 are copied from the input's mapped storages one tensor at a time, so memory stays bounded by a
 tensor rather than the model. The output is written in a staging folder beside OUT, read back and
 compared with the input name by name, bit for bit (tieaudit's safetensors reader, then
-``safetensors.safe_open`` where installed: ``repair.verify``), fsynced and renamed into place like
+``safetensors.safe_open`` against ``torch.load(weights_only=True)`` of the input, where installed:
+``repair.verify``), fsynced and renamed into place like
 retie's output; a failure or a signal leaves no OUT.
 
 A folder keeps its layout: ``pytorch_model.bin`` becomes ``model.safetensors``, the shards
@@ -49,7 +50,8 @@ class ConvertResult:
     output_bytes: int = 0
     """Bytes of the output's files (0 for a dry run)."""
     notes: tuple[str, ...] = ()
-    """Stale staging folders of interrupted runs, removed."""
+    """Stale staging folders of interrupted runs, removed; a reference loader not installed (that
+    side verified by tieaudit's own reader only)."""
 
 
 def out_weight_name(file: str) -> str:

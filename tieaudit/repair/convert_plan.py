@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tieaudit.core.errors import UnsafeInputError, UnsupportedFormatError
-from tieaudit.core.escape import printable
+from tieaudit.core.escape import printable, quoted
 from tieaudit.core.records import Checkpoint, TensorInfo
 from tieaudit.formats.hf_ties import Spelling
 from tieaudit.formats.tie_table import Answer, resolve, tie_table
@@ -139,6 +139,37 @@ def refuse_unsafe(ckpt: Checkpoint) -> None:
         )
 
 
+def _more(count: int) -> str:
+    return f" (and {count} more)" if count > 0 else ""
+
+
+def refuse_unwritable(ckpt: Checkpoint) -> None:
+    """Refuse an input with an entry safetensors cannot hold, naming it: a tensor tieaudit lists but
+    does not read (quantized, sparse, meta, complex32, conj bit, ...) or a non-tensor value (an
+    epoch, a learning rate). Converting without it would drop an entry torch.load returns. A
+    Trainer folder's training files are copied as they are, so their entries are not in question."""
+    layout = ckpt.training if ckpt.format == "hf-dir" else None
+    beside = {p.path for p in layout.parts if p.role != "model"} if layout else set()
+    unread = [u for u in ckpt.unread if u.file not in beside]
+    if unread:
+        first = unread[0]
+        raise UnsupportedFormatError(
+            f"{quoted(first.name)} is a tensor safetensors cannot hold as torch.load returns it "
+            f"({printable(first.describe())}){_more(len(unread) - 1)}; convert writes every entry or "
+            "nothing, so nothing was written",
+            ckpt.path,
+        )
+    values = [s for s in ckpt.skipped if s.file and s.file not in beside]
+    if values:
+        value = values[0]
+        raise UnsupportedFormatError(
+            f"{quoted(value.name)} is not a tensor ({printable(value.reason)}){_more(len(values) - 1)}, "
+            "and safetensors holds tensors only; convert writes every entry or nothing, so nothing was "
+            "written (save the state dict alone to convert it)",
+            ckpt.path,
+        )
+
+
 def _group(
     names: list[TensorInfo], order: Mapping[str, int], ties: set[tuple[str, str]] | None
 ) -> tuple[Shared, list[str]]:
@@ -176,6 +207,7 @@ def _group(
 def make_convert_plan(ckpt: Checkpoint, config: Mapping[str, Any] | None) -> ConvertPlan:
     """Decide, for every name of a torch checkpoint (file or folder), how safetensors stores it."""
     refuse_unsafe(ckpt)
+    refuse_unwritable(ckpt)
     unknown = sorted({t.dtype for t in ckpt.tensors} - set(DTYPE_CODES))
     if unknown:
         raise UnsupportedFormatError(f"safetensors cannot store dtypes {unknown}", ckpt.path)

@@ -88,6 +88,14 @@ class RetiePlan:
         """Bytes the output saves."""
         return sum(d.nbytes for d in self.applied)
 
+    @property
+    def rewritten(self) -> tuple[str, ...]:
+        """Dotted prefixes under which the plan changes non-tensor entries on purpose: the state
+        and param_groups of each optimizer whose parameters it renumbers (verification skips
+        those values; the state tensors are followed through ``renamed``)."""
+        paths = dict.fromkeys(edit.path for edit in self.optimizer_edits)
+        return tuple(f"{p}.{part}." if p else f"{part}." for p in paths for part in ("state", "param_groups"))
+
     def source_of(self, name: str) -> Decision | None:
         """The applied decision that drops name, if any."""
         return next((d for d in self.applied if d.dropped == name), None)

@@ -4,16 +4,22 @@ Where a tieaudit reader disagreed with the library people load the file with, re
 for bytes nobody else reads, so the staged output is read again by the reference loader, where it
 is installed: ``safetensors.safe_open(framework="numpy")`` (files and Hugging Face shards),
 ``onnx.load`` plus each tensor's external data, ``torch.load(weights_only=True, mmap=True)`` for
-.pt and a folder's .bin files (torch is imported for those only). Every original name is compared
-with the input bit for bit, a block of rows at a time (memory bounded by a block for safetensors
-and .pt, by one tensor for ONNX); a name restored from a record (``{dropped: kept}`` metadata, the
-shard index, ``tieaudit.ties``, ONNX Identity aliases) is compared after applying it.
+.pt and a folder's .bin files (torch is imported for those only). The input is read by its own
+reference loader as well, so that what is compared is the loaders' reading of the input against
+their reading of the output, not tieaudit's reading: every original name is compared bit for bit,
+a block of rows at a time (memory bounded by a block for safetensors and .pt, by one tensor for
+ONNX), with tieaudit's reading of the input and the loader's; a name restored from a record
+(``{dropped: kept}`` metadata, the shard index, ``tieaudit.ties``, ONNX Identity aliases) is
+compared after applying it; then every other entry the loader returns from the input (a tensor kind
+tieaudit only lists, a non-tensor value) must be in the output, equal, unless the plan drops or
+renames it on purpose. A loader that is not installed is named in a note: that side was read by
+tieaudit's own reader only.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 import numpy as np
@@ -22,6 +28,7 @@ from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.dtypes import to_numpy
 from tieaudit.core.escape import printable
 from tieaudit.core.records import Checkpoint, TensorInfo
+from tieaudit.formats.hf_dir import torch_weights
 from tieaudit.graph.compare import BlockComparer
 from tieaudit.repair.reference_loaders import Block, Loaded, ReferenceMismatch, load_reference, numpy_float8
 from tieaudit.repair.restore import Source, sources
@@ -55,53 +62,119 @@ def _value_block(block: Block, source: Source, first: int, *, stop: int, ndim: i
 
 
 class ReferenceCheck:
-    """The reference loader's reading of one output, compared with the input name by name.
+    """The reference loader's reading of one output, compared name by name with the input as
+    tieaudit reads it and as the reference loader reads it (``source``: None where that loader is
+    not installed, then ``notes`` say so).
 
     ``problem`` may run in several threads at once (each opens what it reads). It leaves the
     input's pages to the caller, who compares the same name with tieaudit's reading first.
+    ``rest_problem`` then covers every other entry the loader returns from the input.
     """
 
-    def __init__(self, original: OpenCheckpoint, loaded: Loaded, found: dict[str, Source]) -> None:
+    def __init__(
+        self, original: OpenCheckpoint, loaded: Loaded, found: dict[str, Source], *, source: Loaded | None
+    ) -> None:
         self._original = original
         self._loaded = loaded
         self._found = found
+        self._source = source
+        self.notes: list[str] = []
+        """What verification could not do as asked (a reference loader not installed)."""
 
     def problem(self, tensor: TensorInfo, *, as_name: str | None = None) -> str | None:
         """What the reference loader reads differently for one original name (None: bit for bit
         equal); as_name: the name the output holds it under (optimizer state renumbered by retie)."""
         name = printable(tensor.name)
-        source = self._found.get(as_name or tensor.name)
-        if source is not None and source.relation == "beside":
+        target = self._found.get(as_name or tensor.name)
+        if target is not None and target.relation == "beside":
             return None  # a Trainer folder's optimizer.pt and the like: copied as they are
-        if source is None:
+        if target is None:
             return f"{name} is missing when the reference loader reads the output"
-        dtype, shape = self._loaded.dtype_shape(source.name)
-        if source.relation == "transposed":
+        dtype, shape = self._loaded.dtype_shape(target.name)
+        if target.relation == "transposed":
             shape = shape[::-1]
-        if source.relation == "cast":
-            dtype = source.dtype or dtype
+        if target.relation == "cast":
+            dtype = target.dtype or dtype
         if (dtype, shape) != (tensor.dtype, tensor.shape):
             return (
                 f"{name} reads back as {printable(dtype)} {list(shape)} with the reference loader, "
                 f"not {tensor.dtype} {list(tensor.shape)}"
             )
+        source = self._source
+        if source is not None and source.dtype_shape(tensor.name) != (tensor.dtype, tensor.shape):
+            in_dtype, in_shape = source.dtype_shape(tensor.name)
+            return (
+                f"{name} is {printable(in_dtype)} {list(in_shape)} when the reference loader reads the "
+                f"input, not {tensor.dtype} {list(tensor.shape)} as tieaudit reads it"
+            )
         if tensor.numel == 0:
             return None  # no bytes: the dtype and shape are all there is
+        with self._loaded.values(target.name) as block, _values(source, tensor.name) as input_block:
+            return self._compare(tensor, target, block=block, input_block=input_block)
+
+    def _compare(
+        self, tensor: TensorInfo, target: Source, *, block: Block, input_block: Block | None
+    ) -> str | None:
+        """Block by block: the output's values and the input's, as the reference loader reads
+        them, each equal to tieaudit's reading of the input (so equal to each other)."""
+        name = printable(tensor.name)
         expected = self._original.array(tensor)
         comparer = getattr(_local, "comparer", None) or BlockComparer()
         _local.comparer = comparer
         rows = _rows_per_block(tensor)
         release = block_releaser([(self._original, tensor, expected)])
-        with self._loaded.values(source.name) as block:
-            for first in range(0, len(expected), rows) if expected.ndim else [0]:
-                want = expected[first : first + rows] if expected.ndim else expected.reshape(1)
-                value = _value_block(block, source, first, stop=first + len(want), ndim=expected.ndim)
-                value = value.reshape(want.shape) if value.size == want.size else value
-                if not comparer.same(want, value):
-                    return f"{name} differs from the input when the reference loader reads the output"
-                if expected.ndim:  # the input's pages of this block, read again here, go back too
-                    release(first, first + len(want))
+        stored = Source(tensor.name, "stored")
+        for first in range(0, len(expected), rows) if expected.ndim else [0]:
+            want = expected[first : first + rows] if expected.ndim else expected.reshape(1)
+            stop = first + len(want)
+            value = _value_block(block, target, first, stop=stop, ndim=expected.ndim)
+            value = value.reshape(want.shape) if value.size == want.size else value
+            if not comparer.same(want, value):
+                return f"{name} differs from the input when the reference loader reads the output"
+            if input_block is not None:
+                given = _value_block(input_block, stored, first, stop=stop, ndim=expected.ndim)
+                given = given.reshape(want.shape) if given.size == want.size else given
+                if not comparer.same(want, given):
+                    return (
+                        f"{name} differs between tieaudit's reading of the input and the reference loader's"
+                    )
+            if expected.ndim:  # the input's pages of this block, read again here, go back too
+                release(first, stop)
         return None
+
+    def rest_problem(
+        self, compared: frozenset[str], *, renamed: Mapping[str, str | None], rewritten: tuple[str, ...]
+    ) -> str | None:
+        """The first entry the reference loader returns from the input, beyond the tensors compared
+        (compared), that the output lacks or holds otherwise: a tensor kind tieaudit does not read,
+        a non-tensor value. renamed: what the plan moves or drops on purpose (None: dropped);
+        rewritten: prefixes under which the plan changes non-tensor values on purpose."""
+        source = self._source
+        if source is None:
+            return None
+        out_entries = self._loaded.entries()
+        for name in sorted(source.entries() - compared - training_files_tensors(self._original.checkpoint)):
+            if name in renamed and renamed[name] is None:
+                continue
+            if any(name.startswith(prefix) for prefix in rewritten) and name not in source.names:
+                continue
+            target = renamed.get(name) or name
+            if target not in out_entries:
+                shown = printable(name)
+                return f"{shown} is in the input as the reference loader reads it, but not in the output"
+            problem = source.entry_problem(name, self._loaded, target)
+            if problem is not None:
+                return f"{printable(name)} {problem}"
+        return None
+
+
+@contextmanager
+def _values(loaded: Loaded | None, name: str) -> Iterator[Block | None]:
+    if loaded is None:
+        yield None
+        return
+    with loaded.values(name) as block:
+        yield block
 
 
 def block_releaser(
@@ -131,12 +204,43 @@ def training_files_tensors(ckpt: Checkpoint) -> frozenset[str]:
     return frozenset(t.name for t in ckpt.tensors if t.file in files)
 
 
+def loader_name(ckpt: Checkpoint) -> str:
+    """The reference loader of a checkpoint's weights, for notes."""
+    if ckpt.format == "torch" or (ckpt.format == "hf-dir" and torch_weights(ckpt.files)):
+        return "torch.load(weights_only=True), the torch extra"
+    return "onnx" if ckpt.format == "onnx" else "the safetensors library"
+
+
+def input_reference(original: OpenCheckpoint) -> Loaded | None:
+    """The reference loader's reading of the input (None where it is not installed), checked to
+    return exactly the tensors tieaudit reads or lists: a tensor only one of them sees would be
+    compared by nobody."""
+    ckpt = original.checkpoint
+    try:
+        loaded = load_reference(ckpt.path, ckpt, what="the input")
+    except ReferenceMismatch as exc:
+        raise ReferenceMismatch(exc.message, ckpt.path) from exc
+    if loaded is None:
+        return None
+    beside = training_files_tensors(ckpt)
+    layout = ckpt.training if ckpt.format == "hf-dir" else None
+    beside_files = {p.path for p in layout.parts if p.role != "model"} if layout else set()
+    listed = (ckpt.names - beside) | {u.name for u in ckpt.unread if u.file not in beside_files}
+    if loaded.names != listed:
+        differ = ", ".join(printable(n) for n in sorted(loaded.names ^ listed)[:3])
+        raise ReferenceMismatch(
+            f"the reference loader and tieaudit see different tensors in the input ({differ})", ckpt.path
+        )
+    return loaded
+
+
 @contextmanager
 def reference_check(
     original: OpenCheckpoint, written: Checkpoint, out: str
 ) -> Iterator[ReferenceCheck | None]:
-    """The reference loader's reading of out (None where the loader is not installed), checked to
-    hold the tensors tieaudit's reading holds; ReferenceMismatch when the loader refuses it."""
+    """The reference loader's reading of out and of the input (None where the output's loader is
+    not installed), checked to hold the tensors tieaudit's readings hold; ReferenceMismatch when
+    the loader refuses either."""
     try:
         loaded = load_reference(out, written)
     except ReferenceMismatch as exc:
@@ -154,5 +258,12 @@ def reference_check(
         found.update((name, s) for name, s in sources(written).items() if name not in found)
     for name, source in loaded.ties().items():
         found.setdefault(name, source)
+    input_loaded = input_reference(original)
     with numpy_float8():
-        yield ReferenceCheck(original, loaded, found)
+        check = ReferenceCheck(original, loaded, found, source=input_loaded)
+        if input_loaded is None:
+            check.notes.append(
+                f"the input was read for verification by tieaudit's own reader only: its reference "
+                f"loader ({loader_name(original.checkpoint)}) is not installed"
+            )
+        yield check

@@ -65,7 +65,8 @@ class RetieResult:
     output_bytes: int
     """Bytes of the output's files (0 for a dry run)."""
     notes: tuple[str, ...] = ()
-    """Traces of interrupted runs found and cleaned up (stale staging folders)."""
+    """Traces of interrupted runs found and cleaned up (stale staging folders), and a reference
+    loader that was not installed (that side verified by tieaudit's own reader only)."""
     dry_run: bool = False
     """Only the plan was asked for."""
 
@@ -213,7 +214,7 @@ def _retie(source: str, out: str, paths: RetiePaths | None, *, request: _Request
             with signals_guarded() as guard:
                 write = functools.partial(_writer(ckpt.format).write, opened, plan)
                 output_bytes, notes = write_and_publish(
-                    opened, paths, write, guard=guard, renamed=plan.renamed
+                    opened, paths, write, guard=guard, renamed=plan.renamed, rewritten=plan.rewritten
                 )
         except OSError as exc:  # disk full, quota, permissions: OUT never appears
             raise OutputError(f"cannot write: {exc.strerror or exc}", out) from exc
@@ -235,10 +236,12 @@ def write_and_publish(
     *,
     guard: SignalGuard,
     renamed: Mapping[str, str | None] | None = None,
+    rewritten: tuple[str, ...] = (),
 ) -> tuple[int, list[str]]:
     """write(staged) in a stage beside OUT (it returns the files written), verify against opened
-    (renamed: see verify_output), fsync, publish (in place when paths has a backup); the stage is
-    removed whatever happens, signals included. Returns (output bytes, notes). retie, convert and
+    (renamed, rewritten: see verify_output), fsync, publish (in place when paths has a backup); the stage is
+    removed whatever happens, signals included. Returns (output bytes, notes: stale stages removed,
+    verification done without a reference loader). retie, convert and
     the reverse conversion (tieaudit.load) all publish through it."""
     stage, notes = stage_path(paths.out)
     try:
@@ -249,7 +252,7 @@ def write_and_publish(
         with worker_pool(1, "fsync") as pool:
             syncing = pool.submit(_fsync_all, files)
             try:
-                verify_output(opened, staged, renamed=renamed)
+                notes += verify_output(opened, staged, renamed=renamed, rewritten=rewritten)
             except (VerificationError, ReferenceMismatch) as exc:  # named as OUT: the stage goes away
                 raise type(exc)(f"{exc.message}; nothing was written", paths.out_given) from exc
             syncing.result()

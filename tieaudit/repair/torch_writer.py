@@ -17,7 +17,7 @@ from typing import Any
 
 from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.errors import InputError, MissingExtra, UnsupportedFormatError, one_line
-from tieaudit.core.escape import printable
+from tieaudit.core.escape import printable, quoted
 from tieaudit.core.extras import require
 from tieaudit.core.records import Checkpoint
 from tieaudit.formats.torch_file import ROOT_NAME, ZIP_MAGIC
@@ -106,15 +106,18 @@ def walk_leaves(torch: Any, root: Any, visit: VisitLeaf) -> Any:
     return walk("", root)
 
 
-def named_tensors(torch: Any, root: Any) -> dict[str, Any]:
-    """Tensors by dotted name; a name used twice names its first leaf only, as in the reader."""
+def named_tensors(torch: Any, root: Any, path: str) -> dict[str, Any]:
+    """Tensors by dotted name; two leaves of one name are an InputError, as in the reader (which
+    refuses the file before any writing: never one of them kept silently)."""
     seen: set[str] = set()
     tensors: dict[str, Any] = {}
 
     def record(name: str, value: Any) -> Any:
-        if name not in seen and isinstance(value, torch.Tensor):
-            tensors[name] = value
+        if name in seen:
+            raise InputError(f"torch.load gives two entries named {quoted(name)}", path)
         seen.add(name)
+        if isinstance(value, torch.Tensor):
+            tensors[name] = value
         return value
 
     walk_leaves(torch, root, record)
@@ -149,18 +152,15 @@ def _check(decision: Decision, tensors: dict[str, Any], path: str) -> None:
 
 def retied(torch: Any, root: Any, plan: RetiePlan, *, path: str) -> Any:
     """root with every applied decision's dropped entry replaced by its stand-in."""
-    tensors = named_tensors(torch, root)
+    tensors = named_tensors(torch, root, path)
     replacements: dict[str, Any] = {}
     for decision in plan.applied:
         _check(decision, tensors, path)
         kept, dropped = tensors[decision.kept], tensors[decision.dropped]
         replacements[decision.dropped] = stand_in(torch, kept, dropped, transposed=decision.transposed)
-    seen: set[str] = set()
 
     def replace(name: str, value: Any) -> Any:
-        first = name not in seen
-        seen.add(name)
-        return replacements[name] if first and name in replacements else value
+        return replacements.get(name, value)
 
     return walk_leaves(torch, root, replace)
 

@@ -1,8 +1,9 @@
 """Proof before the rename: every original name, read back from the output, equals the input.
 
 Read back twice: by tieaudit's own readers, then by the format's reference loader
-(repair.reference), so that a reader disagreeing with safetensors, onnx or torch cannot vouch
-for bytes those libraries would read differently.
+(repair.reference), which reads the input too, so that a reader disagreeing with safetensors, onnx
+or torch cannot vouch for bytes those libraries would read differently, and no entry the loader
+returns from the input (a tensor kind tieaudit only lists, a non-tensor value) is lost unnoticed.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from tieaudit.core.interrupts import worker_pool
 from tieaudit.core.records import TensorInfo
 from tieaudit.formats import open_checkpoint
 from tieaudit.graph.compare import BlockComparer
-from tieaudit.repair.reference import ReferenceCheck, block_releaser, reference_check
+from tieaudit.repair.reference import ReferenceCheck, block_releaser, loader_name, reference_check
 from tieaudit.repair.restore import Source, restored_array, sources
 
 BLOCK_ROWS_BYTES = 16 << 20
@@ -92,13 +93,20 @@ def _problem(
 
 
 def verify_output(
-    original: OpenCheckpoint, out: str, *, renamed: Mapping[str, str | None] | None = None
-) -> None:
+    original: OpenCheckpoint,
+    out: str,
+    *,
+    renamed: Mapping[str, str | None] | None = None,
+    rewritten: tuple[str, ...] = (),
+) -> list[str]:
     """Re-read out; raise VerificationError naming the first name that is missing or differs.
+    Returns notes on what could not be done as asked (a reference loader not installed: that side
+    was read by tieaudit's own reader only).
 
     renamed: original names the plan moves (optimizer state renumbered: compared under the new
-    name) or discards (None: not compared). Names are compared by two threads: memcmp and the page
-    faults behind it run outside the GIL.
+    name) or discards (None: not compared); rewritten: prefixes under which the plan changes
+    non-tensor values on purpose (``RetiePlan.rewritten``). Names are compared by two threads:
+    memcmp and the page faults behind it run outside the GIL.
     """
     moves = renamed or {}
     kept = [(t, moves.get(t.name, t.name)) for t in original.checkpoint.tensors]
@@ -119,6 +127,14 @@ def verify_output(
             for problem in problems:
                 if problem is not None:
                     raise VerificationError(problem, out)
+        if reference is None:
+            loader = loader_name(written.checkpoint)
+            return [f"the output was verified by tieaudit's own reader only: {loader} is not installed"]
+        compared = frozenset(t.name for t in original.checkpoint.tensors)
+        rest = reference.rest_problem(compared, renamed=moves, rewritten=rewritten)
+        if rest is not None:
+            raise VerificationError(rest, out)
+        return list(reference.notes)
 
 
 def _release(opened: OpenCheckpoint, name: str) -> None:

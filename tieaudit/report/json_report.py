@@ -99,6 +99,17 @@ def report_dict(audit: Audit) -> dict[str, Any]:
         report["skipped"] = [{"name": s.name, "reason": s.reason} for s in listed]
         if ckpt.skipped_total > len(listed):
             report["skipped_total"] = ckpt.skipped_total
+    if ckpt.unread:  # every one: convert and retie account for each
+        report["unread_tensors"] = [
+            {
+                "name": u.name,
+                "kind": u.kind,
+                "dtype": u.dtype,
+                "shape": None if u.shape is None else list(u.shape),
+                "file": u.file,
+            }
+            for u in ckpt.unread
+        ]
     if ckpt.pickle_globals:
         report["pickle_globals"] = [
             {"name": g.name, "verdict": g.verdict, "use": g.use, "file": g.file}

@@ -24,6 +24,8 @@ from tieaudit.report.training import training_lines
 MAX_TENSOR_ROWS = 30
 """Tensors listed in the text report (the largest first); --format json lists every one."""
 COVERED_NAMED = 4
+UNREAD_NAMED = 5
+"""Unread tensors (quantized, sparse, meta, ...) a text note names; --format json lists every one."""
 """Files a check status line names as read with the checkpoint (a folder's shards): the rest are
 counted (--show-files and --format json list every one)."""
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "note": "cyan"}
@@ -38,6 +40,17 @@ def config_notes(ckpt: Checkpoint) -> list[str]:
     """What config.json's tie resolution left open (a class the table does not hold, layer counts
     other than the table's), one line each, escaped."""
     return [printable(f"{s.name}: {s.reason}") for s in ckpt.skipped if s.name.startswith(CONFIG + ":")]
+
+
+def unread_notes(ckpt: Checkpoint) -> list[str]:
+    """The tensors listed but not read, in one line (escaped): never silently left out of a report."""
+    if not ckpt.unread:
+        return []
+    named = "; ".join(f"{u.name} ({u.describe()})" for u in ckpt.unread[:UNREAD_NAMED])
+    more = len(ckpt.unread) - UNREAD_NAMED
+    rest = f" and {more} more (--format json lists every one)" if more > 0 else ""
+    count = plural(len(ckpt.unread), "tensor")
+    return [printable(f"{count} listed but not read, so not audited (convert refuses them): {named}{rest}")]
 
 
 def cells(names: tuple[str, ...] | list[str]) -> Text:
@@ -177,7 +190,7 @@ def render_text(audit: Audit, color: bool = False, width: int = DEFAULT_WIDTH) -
     console.print(laid_out(table, width))
     if hidden:
         console.print(f"{plural(hidden, 'smaller tensor')} not shown; --format json lists every tensor.")
-    for note in config_notes(ckpt) + training_lines(audit.graph):
+    for note in config_notes(ckpt) + unread_notes(ckpt) + training_lines(audit.graph):
         console.print(Text(f"note: {note}"), highlight=False, soft_wrap=True)
     if ckpt.pickle_globals:
         console.print(Text(pickle_globals_line(ckpt.pickle_globals)), highlight=False, soft_wrap=True)
@@ -254,7 +267,7 @@ def render_check_text(
             sep="",
             soft_wrap=True,
         )
-        for note in config_notes(ckpt) + training_lines(checked.audit.graph, brief=True):
+        for note in config_notes(ckpt) + unread_notes(ckpt) + training_lines(checked.audit.graph, brief=True):
             console.print(Text(f"  note: {note}", style="dim"), highlight=False, soft_wrap=True)
         for finding, accepted in zip(checked.audit.findings, checked.baselined, strict=True):
             console.print(
