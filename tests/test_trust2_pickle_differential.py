@@ -279,6 +279,10 @@ DELIBERATE: dict[str, str] = {
         "padded archives, tensor state setting data, one storage declared twice)"
     ),
     r"BUILD on a": "BUILD other than attributes on an OrderedDict (torch's set_, __dict__ updates)",
+    r"two entries are named .* once nested keys are joined": (
+        "two entries torch returns apart would get one flattened name (a nested and a dotted key, "
+        "keys N and 'N'): refused, never resolved by keeping one (issue 23, point 4)"
+    ),
     r"dict key of type|integer of N bytes|contains itself|holds more than|deeper than"
     r"|too large to address|dimensions; at most|too large for torch": (
         "bounds that keep reading cheap (key hashing, width, nesting, size)"
