@@ -14,6 +14,7 @@ from collections.abc import Callable
 from tieaudit.core.dtypes import ITEMSIZE
 from tieaudit.formats.torch_records import (
     MAX_INT64,
+    NO_FLAGS,
     CounterDict,
     DtypeToken,
     Global,
@@ -96,10 +97,10 @@ def _requires_grad(value: object, dtype: str) -> None:
 
 def _flags(metadata: object, dtype: str) -> frozenset[str]:
     if not metadata:
-        return frozenset()
+        return NO_FLAGS
     if type(metadata) is not dict:
         bad(f"tensor metadata is {type(metadata).__name__}, expected a dict")
-    flags = frozenset(key for key in ("conj", "neg") if metadata.get(key))
+    flags = frozenset(key for key in ("conj", "neg") if metadata.get(key)) or NO_FLAGS
     if "conj" in flags and not dtype.startswith("complex"):
         bad(f"the conj bit on a {dtype} tensor, which torch refuses")
     return flags
