@@ -21,7 +21,7 @@ from typing import NoReturn
 MIN_PICKLE_UNITS = 96 << 20
 """Units any file may spend, however small: 64 KB archives whose pickle inflates 8 times to half
 a million containers (tests/test_torch_bounds.py) stay under it."""
-PICKLE_UNITS_PER_BYTE = 24
+PICKLE_UNITS_PER_BYTE = 30
 """Units each byte of the file adds. A torch.save zip of 100 000 small tensors with Adam state
 (9 MB of pickle in a 28 MB file) spends about 11 per byte, a state dict of one storage viewed by
 90 000 names about the same per byte of its pickle; so a 10 MB input stays near 350 MB."""
@@ -37,13 +37,15 @@ SLOT_UNITS = 8
 """A reference on the stack, in a list or tuple: one pointer."""
 VISIT_UNITS = 8
 """One element a call reads or copies (a list item, a dict entry, one element of a hashed tuple)."""
-OPCODE_UNITS = 8
-"""One opcode run, whatever it does (and the stack slot it may fill)."""
+OPCODE_UNITS = 16
+"""One opcode run, whatever it does (about 60 ns), and the stack slot it may fill (twice a pointer:
+a list growing by one slot at a time is copied whole when it moves)."""
 OBJECT_UNITS = 256
 """An object a hook makes (a tensor record, a storage record, a placeholder), with its fields."""
-ENTRY_UNITS = 64
-"""One dict entry: the entry and its share of the hash table (twice that in an OrderedDict)."""
-MEMO_UNITS = 72
+ENTRY_UNITS = 96
+"""One dict entry: the entry and its share of the hash table while the table grows (old and new
+tables both held: up to 90 bytes an entry), twice that in an OrderedDict."""
+MEMO_UNITS = 128
 """One memo entry: a dict entry and its int key."""
 CONTAINER_UNITS = 88
 """An empty list, dict or tuple, or a MARK frame, with its garbage-collector header and a slot."""
@@ -53,6 +55,9 @@ REGISTER_UNITS = 128
 """The VM's record of a nested container: its depth by id, and the reference that keeps the id."""
 LEAF_UNITS = 160
 """A leaf or container flattened (its name's object, the tuple pairing it), besides the name."""
+NODE_UNITS = 512
+"""A container walked while flattening (once per place it appears): about 8 us of Python for a
+placeholder, counted, listed and named; the units stand for time here."""
 TENSOR_UNITS = 3072
 """A tensor leaf's cost after flattening: its records in the checkpoint, the alias graph, the rules
 and the reports (measured: about 3 KB per tensor through ``inspect --format json``)."""

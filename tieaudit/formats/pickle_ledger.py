@@ -228,12 +228,16 @@ class Ledger:
 
     def made(self, value: object, args: tuple[object, ...]) -> object:
         """Register a container a hook returned (an OrderedDict, a Counter, a stand-in holding args)."""
+        depths, containers = self.depths, self.containers
         if isinstance(value, dict):
-            depth = 1 + max((self.depth(item) for item in value.values()), default=0)
+            depth = 1
+            for item in value.values():
+                if type(item) in containers:
+                    depth = max(depth, depths.get(id(item), 1) + 1)
             for key in value:
                 self.key(key)
-        else:  # a stand-in holding the arguments: as deep as a tuple of them
-            depth = 1 + max((self.depth(item) for item in args), default=0)
+        else:  # a stand-in holding the arguments: as deep as the tuple of them (registered if nested)
+            depth = depths.get(id(args), 1)
         if depth > 1:
             self.register(value, depth)
         return value

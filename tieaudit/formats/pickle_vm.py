@@ -25,11 +25,11 @@ from typing import Protocol
 from tieaudit.formats.pickle_budget import (
     CONTAINER_UNITS,
     ENTRY_UNITS,
+    LEAF_UNITS,
     MEMO_UNITS,
     OBJECT_UNITS,
     OPCODE_UNITS,
     SET_UNITS,
-    SLOT_UNITS,
     PickleBudget,
 )
 from tieaudit.formats.pickle_ledger import MAX_DEPTH, Ledger, PickleError
@@ -69,6 +69,9 @@ _LONGEST_FIXED_ARGUMENT = 9
 """An opcode byte and the longest fixed-size argument any interpreted opcode has (BINFLOAT)."""
 _CHUNK_OPCODES = 1 << 12
 """Opcodes paid for at a time (the unused rest of a chunk is given back at STOP)."""
+_GLOBAL_UNITS = 1024
+"""A GLOBAL: two lines decoded and looked up, the verdict noted, maybe a placeholder made (about
+5 us: units stand for time here)."""
 _INT_UNITS = 40
 """An int or float object (28 to 36 bytes) beyond its slot."""
 _CALL_ARGUMENTS = "the arguments of a call (what it may read, copy or hash of them)"
@@ -316,11 +319,11 @@ class PickleVM:
                         elif op == 0x63:  # c GLOBAL
                             module, name, pos = self._global(data, pos)
                             stack.append(hooks.find_global(module, name))
-                            budget.left -= OBJECT_UNITS + len(module) + len(name)
+                            budget.left -= _GLOBAL_UNITS + len(module) + len(name)
                         elif op == 0x62:  # b BUILD
                             state = stack.pop()
                             hooks.build(stack[-1], state)
-                            budget.left -= 2 * SLOT_UNITS  # a placeholder keeps one more state
+                            budget.left -= LEAF_UNITS  # a placeholder keeps one more state, flattened later
                             if type(stack[-1]) in containers and not isinstance(stack[-1], dict):
                                 ledger.grow(stack[-1], state)  # a stand-in keeping the state
                         else:

@@ -16,7 +16,7 @@ from tieaudit.core.dtypes import ITEMSIZE, itemsize
 from tieaudit.core.errors import InputError
 from tieaudit.core.escape import printable
 from tieaudit.core.records import MAX_KEPT_SKIPPED, Checkpoint, PickleGlobal, Skipped, StorageInfo, TensorInfo
-from tieaudit.formats.pickle_budget import LEAF_UNITS, TENSOR_UNITS, OverBudget, PickleBudget
+from tieaudit.formats.pickle_budget import LEAF_UNITS, NODE_UNITS, TENSOR_UNITS, OverBudget, PickleBudget
 from tieaudit.formats.pickle_vm import MAX_DEPTH
 from tieaudit.formats.torch_records import DtypeToken, Opaque, Placeholder, StorageRef, TensorRecord, key_name
 from tieaudit.formats.viewable import check_viewable
@@ -105,8 +105,19 @@ def _count(root: object, path: str) -> int:
     try:
         return count(root, 0)
     except _Stop as stop:
-        name = ".".join(key_name(key) for key in reversed(stop.keys))[:200] or ROOT_NAME
+        name = _joined(reversed(stop.keys), 200) or ROOT_NAME
         raise InputError(f"container {name!r} {stop.problem}", path) from None
+
+
+def _joined(keys: Iterable[object], limit: int) -> str:
+    """The first limit characters of the keys' dotted name, without building the rest of it (a
+    name of 199 levels of one 4 MB key would be 800 MB)."""
+    name = ""
+    for key in keys:
+        name += ("." if name else "") + key_name(key)[: limit + 1]
+        if len(name) >= limit:
+            break
+    return name[:limit]
 
 
 def _shown(name: str) -> str:
@@ -136,7 +147,9 @@ def _leaves(root: object, path: str, budget: PickleBudget) -> list[tuple[str, ob
                 return True
             return False
         first = len(leaves)
-        budget.charge(len(name), f"the container named {_shown(name)}")
+        budget.left -= NODE_UNITS + len(name)
+        if budget.left < 0:
+            budget.over(f"the container named {_shown(name)}")
         prefix = f"{name}." if name else ""
         found = False
         for key, item in _items(value):

@@ -226,6 +226,8 @@ def load_pickle(
     """
     hooks = TorchHooks(path, layout, unknown, referenced=referenced)
     try:
+        budget = budget or PickleBudget(len(data) - start)
+        budget.charge(len(data) - start, "the pickle's own bytes (inflated, when compressed)")
         root, end = run_pickle(data, start, hooks, budget)
     except Truncated:
         raise
