@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import click
 
-from tieaudit.core.errors import TieauditError
+from tieaudit.core.errors import OUT_OF_MEMORY, TieauditError
 from tieaudit.core.escape import printable
 from tieaudit.core.exit_codes import ExitCode
 from tieaudit.core.units import parse_size
@@ -99,8 +99,21 @@ def user_errors(command: F) -> F:
             if debugging():
                 raise
             raise CliError(str(exc)) from exc
+        except MemoryError:
+            if debugging():
+                raise
+            raise CliError(f"{_input_of(kwargs)}: {OUT_OF_MEMORY}") from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _input_of(arguments: dict[str, Any]) -> str:
+    """The input a command was given (its first argument: PATH, SOURCE or MODEL), for an error line."""
+    for name in ("path", "source", "model", "paths"):
+        value = arguments.get(name)
+        if value:
+            return ", ".join(value) if isinstance(value, tuple) else str(value)
+    return "tieaudit"
 
 
 def from_cache(path: str, *, verb: str = "audited") -> str:

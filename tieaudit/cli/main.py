@@ -27,7 +27,7 @@ from tieaudit.cli.common import (
     user_errors,
     write_output,
 )
-from tieaudit.core.errors import TieauditError
+from tieaudit.core.errors import OUT_OF_MEMORY, TieauditError
 from tieaudit.core.exit_codes import ExitCode
 from tieaudit.core.units import agree, plural
 from tieaudit.core.version import __version__
@@ -374,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
 
         traceback.print_exc()
         echo_error(str(exc))
+        return ExitCode.BAD_INPUT
+    except MemoryError:  # outside a command's own handling (click, the report): still not a bug
+        echo_error(OUT_OF_MEMORY)
         return ExitCode.BAD_INPUT
     except Exception:  # a tieaudit bug, not bad input: keep the traceback for the report
         import traceback

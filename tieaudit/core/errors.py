@@ -17,6 +17,13 @@ def one_line(exc: BaseException, limit: int = 400, *, escaped: bool = False) -> 
     return printable(text) if escaped else text
 
 
+OUT_OF_MEMORY = (
+    "out of memory (MemoryError) before the command finished: the input needs more memory than "
+    "this process could get; nothing was written"
+)
+"""What a MemoryError anywhere becomes: bad input for this machine (exit 2), never a tieaudit bug."""
+
+
 class TieauditError(Exception):
     """Base of every error caused by input or usage, never by a tieaudit bug."""
 

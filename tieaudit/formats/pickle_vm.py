@@ -7,23 +7,51 @@ pickle either means the same thing here as in torch or is refused. What a global
 files: ``torch_pickle.TorchHooks``); nothing from the pickle is ever imported or called.
 
 Unlike CPython's C unpickler, every size, depth and count is bounded while values are built:
-opcodes, nesting (MARK and containers), integer width, string and global lengths. Dict keys are
-limited to values whose hashing is cheap and cannot recurse without bound.
+opcodes, nesting (MARK and containers), integer width, string and global lengths; and what they
+cost is charged to the file's ``PickleBudget`` (``pickle_budget``) as it is spent: every object
+built, every element an allowed call may copy, scan or hash (a memo'd container handed to
+``OrderedDict`` a million times is a million copies), every memo entry and every opcode. Dict keys
+are scalars or tuples of them, hashing a tuple is charged by its size as a tree (so a tuple whose
+halves are shared cannot cost 2**depth), and keys chosen to share one hash are refused past
+``MAX_KEY_COLLISIONS``.
 """
 
 from __future__ import annotations
 
 import struct
+import sys
 from typing import Protocol
 
+from tieaudit.formats.pickle_budget import (
+    CONTAINER_UNITS,
+    ENTRY_UNITS,
+    LEAF_UNITS,
+    MEMO_UNITS,
+    OBJECT_UNITS,
+    OPCODE_UNITS,
+    SET_UNITS,
+    PickleBudget,
+)
+from tieaudit.formats.pickle_ledger import MAX_DEPTH, Ledger, PickleError
 from tieaudit.formats.pickle_names import opcode_name
 from tieaudit.formats.torch_allowlist import torch_allowlist
+
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_GLOBAL_BYTES",
+    "MAX_INT_BYTES",
+    "MAX_OPCODES",
+    "Hashable",
+    "Hooks",
+    "PickleError",
+    "PickleVM",
+    "Truncated",
+    "run_pickle",
+]
 
 MAX_OPCODES = 100_000_000
 """Opcodes one pickle may run: a 50k-tensor state dict runs 1.5 million, so a 1 TB model's
 metadata (a few million tensors with optimizer state) stays well under."""
-MAX_DEPTH = 200
-"""Containers (and MARKs) nested deeper than this are refused; real checkpoints nest below 20."""
 MAX_INT_BYTES = 64
 """Width of a LONG1 integer: torch's metadata are int64 and no real value needs 512 bits.
 (LONG4 and the text INT/LONG opcodes, which carry unbounded integers, torch refuses too.)"""
@@ -31,7 +59,7 @@ MAX_GLOBAL_BYTES = 512
 """Length of a GLOBAL's module or name line; every allowlisted name is far shorter."""
 
 Hashable = (str, int, float, bool, type(None), bytes)
-"""Dict keys accepted as they are (tuples of these are accepted too, see ``PickleVM._keyable``)."""
+"""Dict keys accepted as they are (tuples of these are accepted too, see ``Ledger.keyable``)."""
 
 _U16 = struct.Struct("<H").unpack_from
 _U32 = struct.Struct("<I").unpack_from
@@ -40,10 +68,16 @@ _F64 = struct.Struct(">d").unpack_from
 _TRUNCATED = "the pickle ends before its STOP opcode"
 _LONGEST_FIXED_ARGUMENT = 9
 """An opcode byte and the longest fixed-size argument any interpreted opcode has (BINFLOAT)."""
-
-
-class PickleError(Exception):
-    """The pickle is malformed or uses something torch.load(weights_only=True) refuses."""
+_CHUNK_OPCODES = 1 << 12
+"""Opcodes paid for at a time (the unused rest of a chunk is given back at STOP)."""
+_GLOBAL_UNITS = 1024
+"""A GLOBAL: two lines decoded and looked up, the verdict noted, maybe a placeholder made (about
+5 us: units stand for time here)."""
+_INT_UNITS = 40
+"""An int or float object (28 to 36 bytes) beyond its slot."""
+_CALL_ARGUMENTS = "the arguments of a call (what it may read, copy or hash of them)"
+_CALL_RESULT = "the result of a call"
+_SIZEOF = sys.getsizeof
 
 
 class Truncated(PickleError):
@@ -81,83 +115,48 @@ class Hooks(Protocol):
 class PickleVM:
     """Runs one pickle from ``data[start:]``; ``run`` returns (value, offset after STOP)."""
 
-    def __init__(self, data: bytes, start: int, hooks: Hooks) -> None:
+    def __init__(self, data: bytes, start: int, hooks: Hooks, budget: PickleBudget | None = None) -> None:
         self.data = data
         self.pos = start
         self.hooks = hooks
-        self.depths: dict[int, int] = {}
-        """Nesting depth of each container built so far, by id (containers are kept alive)."""
-        self.key_tuples: dict[int, bool] = {}
-        """Registered tuples already checked as dict keys: whether they may be one."""
-        self.alive: list[object] = []
-        """Every container built, so ids in ``depths`` and ``key_tuples`` are never reused."""
-        self.keyable: tuple[type, ...] = Hashable + hooks.key_types
-        """Types accepted as dict keys as they are."""
-        self.containers: frozenset[type] = frozenset({list, tuple, dict, set, *hooks.container_types})
-        """Types whose values hold other values (the hooks' dict types included)."""
-
-    # ------------------------------------------------------------------ depth and keys
-
-    def _depth(self, value: object) -> int:
-        # Containers of depth 1 (most of them) are not registered.
-        return self.depths.get(id(value), 1) if type(value) in self.containers else 0
-
-    def _register(self, container: object, depth: int) -> None:
-        if depth > MAX_DEPTH:
-            raise PickleError(f"containers nested deeper than {MAX_DEPTH} levels")
-        self.depths[id(container)] = depth
-        self.alive.append(container)
-
-    def _tuple(self, items: list[object] | tuple[object, ...]) -> tuple[object, ...]:
-        value = tuple(items)
-        depths, containers = self.depths, self.containers
-        depth = 1
-        for item in value:
-            if type(item) in containers:
-                inner = depths.get(id(item), 1) + 1
-                if inner > depth:
-                    depth = inner
-        if depth > 1:  # only tuples holding containers; a tuple of scalars holds none
-            self._register(value, depth)
-        return value
-
-    def _keyable(self, value: object) -> bool:
-        """Whether value may be a dict key: a hashable scalar, or tuples of them (at most MAX_DEPTH
-        deep, so checking recurses that far at most; the answer is kept per registered tuple)."""
-        if isinstance(value, self.keyable):
-            return True
-        if type(value) is not tuple:
-            return False
-        known = self.key_tuples.get(id(value))
-        if known is not None:
-            return known
-        answer = all(self._keyable(item) for item in value)
-        if id(value) in self.depths:
-            self.key_tuples[id(value)] = answer
-        return answer
-
-    def _grow(self, container: object, item: object) -> None:
-        """container now holds item: its depth is at least item's plus one."""
-        kind = type(item)
-        if kind is str or kind is int:
-            return
-        depth = self._depth(item) + 1
-        if depth > self.depths.get(id(container), 1):
-            self._register(container, depth)
-
-    def _key(self, key: object) -> object:
-        if self._keyable(key):
-            return key
-        raise PickleError(f"a dict key of type {type(key).__name__}, which tieaudit does not accept")
+        self.budget = budget if budget is not None else PickleBudget(len(data) - start)
+        """What the pickle may still cost (shared by a file's pickles and its flattening)."""
+        containers = frozenset({list, tuple, dict, set, *hooks.container_types})
+        self.ledger = Ledger(self.budget, Hashable + hooks.key_types, containers)
+        """Depths, tuple hash costs and dict keys of the values built, and their charges."""
 
     def _setitem(self, target: object, key: object, value: object) -> None:
         holder = target if isinstance(target, dict) else self.hooks.items_of(target, dict)
         if not isinstance(holder, dict):
             raise PickleError(f"SETITEM(S) on a {type(target).__name__}, not a dict")
-        holder[self._key(key)] = value
-        self._grow(holder, value)
+        budget, ledger = self.budget, self.ledger
+        budget.left -= ENTRY_UNITS if type(holder) is dict else 2 * ENTRY_UNITS
+        if budget.left < 0:
+            budget.over("SETITEM(S)")
+        holder[ledger.key(key)] = value
+        ledger.grow(holder, value)
         if holder is not target:
-            self._grow(target, holder)
+            ledger.grow(target, holder)
+
+    def _append(self, target: object, items: list[object]) -> None:
+        holder = target if type(target) is list else self.hooks.items_of(target, list)
+        if type(holder) is not list:
+            raise PickleError(f"APPEND(S) to a {type(target).__name__}, not a list")
+        self.ledger.extend(holder, items)
+        if holder is not target:
+            self.ledger.grow(target, holder)
+
+    def _call(self, newobj: bool, func: object, args: object) -> object:
+        """REDUCE (func(*args)) or NEWOBJ (func.__new__(func, *args)): what the hooks make of it,
+        charged for what the call may read of args (before it runs) and for what it returns."""
+        if type(args) is not tuple:
+            name = "NEWOBJ" if newobj else "REDUCE"
+            raise PickleError(f"{name} with arguments of type {type(args).__name__}")
+        ledger = self.ledger
+        ledger.charge_call(args, _CALL_ARGUMENTS)
+        result = self.hooks.newobj(func, args) if newobj else self.hooks.reduce(func, args)
+        ledger.charge_result(result, _CALL_RESULT)
+        return ledger.made(result, args) if type(result) in ledger.containers else result
 
     # ------------------------------------------------------------------ the loop
 
@@ -175,7 +174,8 @@ class PickleVM:
         return module, name, pos
 
     def run(self) -> tuple[object, int]:
-        """Interpret opcodes until STOP; raise PickleError (or a hook's error) otherwise."""
+        """Interpret opcodes until STOP; raise PickleError (or a hook's error) otherwise, and
+        OverBudget when the budget runs out first."""
         try:
             return self._loop()
         except (IndexError, struct.error) as exc:
@@ -192,188 +192,185 @@ class PickleVM:
 
     def _loop(self) -> tuple[object, int]:
         data, hooks, end = self.data, self.hooks, len(self.data)
+        budget, ledger = self.budget, self.ledger
         stack: list[object] = []
         metastack: list[list[object]] = []
         memo: dict[int, object] = {}
-        containers = self.containers
+        containers = ledger.containers
         pos = self.pos
+        ran = 0
         try:
-            # Three groups by opcode value (at most 16 comparisons for any opcode), each ordered by
-            # how often torch.save's pickles use its opcodes.
-            for _ in range(MAX_OPCODES):
-                op = data[pos]
-                pos += 1
-                if op < 0x60:
-                    if op == 0x4B:  # K BININT1
-                        stack.append(data[pos])
-                        pos += 1
-                    elif op == 0x28:  # ( MARK
-                        if len(metastack) >= MAX_DEPTH:
-                            raise PickleError(f"MARKs nested deeper than {MAX_DEPTH} levels")
-                        metastack.append(stack)
-                        stack = []
-                    elif op == 0x58:  # X BINUNICODE
-                        size = _U32(data, pos)[0]
-                        pos += 4
-                        if pos + size > end:
-                            raise Truncated(_TRUNCATED)
-                        stack.append(str(data[pos : pos + size], "utf-8", "surrogatepass"))
-                        pos += size
-                    elif op == 0x52:  # R REDUCE
-                        args = stack.pop()
-                        if type(args) is not tuple:
-                            raise PickleError(f"REDUCE with arguments of type {type(args).__name__}")
-                        result = hooks.reduce(stack[-1], args)
-                        stack[-1] = self._made(result, args) if type(result) in containers else result
-                    elif op == 0x51:  # Q BINPERSID
-                        stack.append(hooks.persistent_load(stack.pop()))
-                    elif op == 0x29:  # ) EMPTY_TUPLE
-                        stack.append(())
-                    elif op == 0x4D:  # M BININT2
-                        stack.append(_U16(data, pos)[0])
-                        pos += 2
-                    elif op == 0x4A:  # J BININT
-                        stack.append(_I32(data, pos)[0])
-                        pos += 4
-                    elif op == 0x4E:  # N NONE
-                        stack.append(None)
-                    elif op == 0x5D:  # ] EMPTY_LIST
-                        stack.append([])
-                    elif op == 0x47:  # G BINFLOAT
-                        stack.append(_F64(data, pos)[0])
-                        pos += 8
-                    elif op == 0x55:  # U SHORT_BINSTRING (torch.load decodes it as UTF-8)
+            while ran < MAX_OPCODES:
+                # Opcodes are paid for a chunk at a time, ahead (one slot each: what one push holds).
+                chunk = min(_CHUNK_OPCODES, MAX_OPCODES - ran, max(budget.left, 0) // OPCODE_UNITS)
+                if chunk == 0:
+                    budget.over("an opcode")
+                budget.left -= chunk * OPCODE_UNITS
+                ran += chunk
+                # Three groups by opcode value (at most 16 comparisons for any opcode), each ordered
+                # by how often torch.save's pickles use its opcodes.
+                for count in range(chunk):
+                    op = data[pos]
+                    pos += 1
+                    if op < 0x60:
+                        if op == 0x4B:  # K BININT1
+                            stack.append(data[pos])
+                            pos += 1
+                        elif op == 0x28:  # ( MARK
+                            if len(metastack) >= MAX_DEPTH:
+                                raise PickleError(f"MARKs nested deeper than {MAX_DEPTH} levels")
+                            budget.left -= CONTAINER_UNITS
+                            metastack.append(stack)
+                            stack = []
+                        elif op == 0x58:  # X BINUNICODE
+                            size = _U32(data, pos)[0]
+                            pos += 4
+                            if pos + size > end:
+                                raise Truncated(_TRUNCATED)
+                            text = str(data[pos : pos + size], "utf-8", "surrogatepass")
+                            budget.left -= _SIZEOF(text)
+                            stack.append(text)
+                            pos += size
+                        elif op == 0x52:  # R REDUCE
+                            args = stack.pop()
+                            stack[-1] = self._call(False, stack[-1], args)
+                        elif op == 0x51:  # Q BINPERSID
+                            pid = stack.pop()
+                            ledger.charge_call((pid,) if type(pid) is not tuple else pid, "a persistent id")
+                            stack.append(hooks.persistent_load(pid))
+                            budget.left -= OBJECT_UNITS
+                        elif op == 0x29:  # ) EMPTY_TUPLE
+                            stack.append(())
+                        elif op == 0x4D:  # M BININT2
+                            stack.append(_U16(data, pos)[0])
+                            budget.left -= _INT_UNITS
+                            pos += 2
+                        elif op == 0x4A:  # J BININT
+                            stack.append(_I32(data, pos)[0])
+                            budget.left -= _INT_UNITS
+                            pos += 4
+                        elif op == 0x4E:  # N NONE
+                            stack.append(None)
+                        elif op == 0x5D:  # ] EMPTY_LIST
+                            stack.append([])
+                            budget.left -= CONTAINER_UNITS
+                        elif op == 0x47:  # G BINFLOAT
+                            stack.append(_F64(data, pos)[0])
+                            budget.left -= _INT_UNITS
+                            pos += 8
+                        elif op == 0x55:  # U SHORT_BINSTRING (torch.load decodes it as UTF-8)
+                            size = data[pos]
+                            if pos + 1 + size > end:
+                                raise Truncated(_TRUNCATED)
+                            text = data[pos + 1 : pos + 1 + size].decode("utf-8")
+                            budget.left -= _SIZEOF(text)
+                            stack.append(text)
+                            pos += 1 + size
+                        elif op == 0x2E:  # . STOP
+                            budget.left += (chunk - count - 1) * OPCODE_UNITS  # the chunk's unused rest
+                            if budget.left < 0:
+                                budget.over(f"the opcodes before byte {pos}")
+                            self.pos = pos
+                            return stack.pop(), pos
+                        else:
+                            pos -= 1
+                            raise PickleError(self._refused(op, stack, pos))
+                    elif op < 0x80:
+                        if op == 0x72:  # r LONG_BINPUT
+                            index = _U32(data, pos)[0]
+                            budget.left -= MEMO_UNITS  # a new entry or a replaced one (never in real pickles)
+                            memo[index] = stack[-1]
+                            pos += 4
+                        elif op == 0x68:  # h BINGET
+                            stack.append(memo[data[pos]])
+                            pos += 1
+                        elif op == 0x74:  # t TUPLE
+                            items = stack
+                            stack = metastack.pop()
+                            stack.append(ledger.make_tuple(items))
+                        elif op == 0x71:  # q BINPUT
+                            budget.left -= MEMO_UNITS
+                            memo[data[pos]] = stack[-1]
+                            pos += 1
+                        elif op == 0x75:  # u SETITEMS
+                            items = stack
+                            stack = metastack.pop()
+                            if len(items) % 2:
+                                raise PickleError("SETITEMS with an odd number of items")
+                            target = stack[-1]
+                            for index in range(0, len(items), 2):
+                                self._setitem(target, items[index], items[index + 1])
+                        elif op == 0x73:  # s SETITEM
+                            value = stack.pop()
+                            key = stack.pop()
+                            self._setitem(stack[-1], key, value)
+                        elif op == 0x61:  # a APPEND
+                            item = stack.pop()
+                            self._append(stack[-1], [item])
+                        elif op == 0x65:  # e APPENDS
+                            items = stack
+                            stack = metastack.pop()
+                            self._append(stack[-1], items)
+                        elif op == 0x7D:  # } EMPTY_DICT
+                            stack.append({})
+                            budget.left -= CONTAINER_UNITS
+                        elif op == 0x6A:  # j LONG_BINGET
+                            stack.append(memo[_U32(data, pos)[0]])
+                            pos += 4
+                        elif op == 0x63:  # c GLOBAL
+                            module, name, pos = self._global(data, pos)
+                            stack.append(hooks.find_global(module, name))
+                            budget.left -= _GLOBAL_UNITS + len(module) + len(name)
+                        elif op == 0x62:  # b BUILD
+                            state = stack.pop()
+                            hooks.build(stack[-1], state)
+                            budget.left -= LEAF_UNITS  # a placeholder keeps one more state, flattened later
+                            if type(stack[-1]) in containers and not isinstance(stack[-1], dict):
+                                ledger.grow(stack[-1], state)  # a stand-in keeping the state
+                        else:
+                            pos -= 1
+                            raise PickleError(self._refused(op, stack, pos))
+                    elif op == 0x85:  # TUPLE1
+                        stack[-1] = ledger.make_tuple((stack[-1],))
+                    elif op == 0x89:  # NEWFALSE
+                        stack.append(False)
+                    elif op == 0x86:  # TUPLE2
+                        stack[-2:] = [ledger.make_tuple((stack[-2], stack[-1]))]
+                    elif op == 0x87:  # TUPLE3
+                        stack[-3:] = [ledger.make_tuple((stack[-3], stack[-2], stack[-1]))]
+                    elif op == 0x88:  # NEWTRUE
+                        stack.append(True)
+                    elif op == 0x8A:  # LONG1
                         size = data[pos]
+                        if size > MAX_INT_BYTES:
+                            raise PickleError(
+                                f"an integer of {size} bytes (at most {MAX_INT_BYTES} accepted)"
+                            )
                         if pos + 1 + size > end:
                             raise Truncated(_TRUNCATED)
-                        stack.append(data[pos + 1 : pos + 1 + size].decode("utf-8"))
+                        stack.append(int.from_bytes(data[pos + 1 : pos + 1 + size], "little", signed=True))
+                        budget.left -= _INT_UNITS + size
                         pos += 1 + size
-                    elif op == 0x2E:  # . STOP
-                        self.pos = pos
-                        return stack.pop(), pos
+                    elif op == 0x81:  # NEWOBJ
+                        args = stack.pop()
+                        stack[-1] = self._call(True, stack[-1], args)
+                    elif op == 0x8F:  # EMPTY_SET
+                        stack.append(set())
+                        budget.left -= SET_UNITS
+                    elif op == 0x80:  # PROTO (torch accepts any number and warns)
+                        if pos >= end:
+                            raise Truncated(_TRUNCATED)
+                        pos += 1
                     else:
                         pos -= 1
                         raise PickleError(self._refused(op, stack, pos))
-                elif op < 0x80:
-                    if op == 0x72:  # r LONG_BINPUT
-                        memo[_U32(data, pos)[0]] = stack[-1]
-                        pos += 4
-                    elif op == 0x68:  # h BINGET
-                        stack.append(memo[data[pos]])
-                        pos += 1
-                    elif op == 0x74:  # t TUPLE
-                        items = stack
-                        stack = metastack.pop()
-                        stack.append(self._tuple(items))
-                    elif op == 0x71:  # q BINPUT
-                        memo[data[pos]] = stack[-1]
-                        pos += 1
-                    elif op == 0x75:  # u SETITEMS
-                        items = stack
-                        stack = metastack.pop()
-                        if len(items) % 2:
-                            raise PickleError("SETITEMS with an odd number of items")
-                        target = stack[-1]
-                        for index in range(0, len(items), 2):
-                            self._setitem(target, items[index], items[index + 1])
-                    elif op == 0x73:  # s SETITEM
-                        value = stack.pop()
-                        key = stack.pop()
-                        self._setitem(stack[-1], key, value)
-                    elif op == 0x61:  # a APPEND
-                        item = stack.pop()
-                        self._append(stack[-1], [item])
-                    elif op == 0x65:  # e APPENDS
-                        items = stack
-                        stack = metastack.pop()
-                        self._append(stack[-1], items)
-                    elif op == 0x7D:  # } EMPTY_DICT
-                        stack.append({})
-                    elif op == 0x6A:  # j LONG_BINGET
-                        stack.append(memo[_U32(data, pos)[0]])
-                        pos += 4
-                    elif op == 0x63:  # c GLOBAL
-                        module, name, pos = self._global(data, pos)
-                        stack.append(hooks.find_global(module, name))
-                    elif op == 0x62:  # b BUILD
-                        state = stack.pop()
-                        hooks.build(stack[-1], state)
-                        if type(stack[-1]) in containers and not isinstance(stack[-1], dict):
-                            self._grow(stack[-1], state)  # a stand-in keeping the state
-                    else:
-                        pos -= 1
-                        raise PickleError(self._refused(op, stack, pos))
-                elif op == 0x85:  # TUPLE1
-                    item = stack[-1]
-                    kind = type(item)
-                    stack[-1] = (item,) if kind is int or kind is str else self._tuple((item,))
-                elif op == 0x89:  # NEWFALSE
-                    stack.append(False)
-                elif op == 0x86:  # TUPLE2
-                    stack[-2:] = [self._tuple((stack[-2], stack[-1]))]
-                elif op == 0x87:  # TUPLE3
-                    stack[-3:] = [self._tuple((stack[-3], stack[-2], stack[-1]))]
-                elif op == 0x88:  # NEWTRUE
-                    stack.append(True)
-                elif op == 0x8A:  # LONG1
-                    size = data[pos]
-                    if size > MAX_INT_BYTES:
-                        raise PickleError(f"an integer of {size} bytes (at most {MAX_INT_BYTES} accepted)")
-                    if pos + 1 + size > end:
-                        raise Truncated(_TRUNCATED)
-                    stack.append(int.from_bytes(data[pos + 1 : pos + 1 + size], "little", signed=True))
-                    pos += 1 + size
-                elif op == 0x81:  # NEWOBJ
-                    args = stack.pop()
-                    cls = stack.pop()
-                    if type(args) is not tuple:
-                        raise PickleError(f"NEWOBJ with arguments of type {type(args).__name__}")
-                    result = hooks.newobj(cls, args)
-                    stack.append(self._made(result, args) if type(result) in containers else result)
-                elif op == 0x8F:  # EMPTY_SET
-                    stack.append(set())
-                elif op == 0x80:  # PROTO (torch accepts any number and warns)
-                    if pos >= end:
-                        raise Truncated(_TRUNCATED)
-                    pos += 1
-                else:
-                    pos -= 1
-                    raise PickleError(self._refused(op, stack, pos))
+                # What the opcodes charged inline (at most a few hundred units each, besides strings
+                # no longer than the data read) is checked once a chunk; calls check their own.
+                if budget.left < 0:
+                    budget.over(f"the opcodes before byte {pos}")
         finally:
             self.pos = pos  # where the failing opcode's argument was read (for the handlers)
         raise PickleError(f"more than {MAX_OPCODES} opcodes")
-
-    def _append(self, target: object, items: list[object]) -> None:
-        holder = target if type(target) is list else self.hooks.items_of(target, list)
-        if type(holder) is not list:
-            raise PickleError(f"APPEND(S) to a {type(target).__name__}, not a list")
-        self._extend(holder, items)
-        if holder is not target:
-            self._grow(target, holder)
-
-    def _extend(self, target: list[object], items: list[object]) -> None:
-        containers, depths = self.containers, self.depths
-        deepest = 0
-        for item in items:
-            if type(item) in containers:
-                inner = depths.get(id(item), 1)
-                if inner > deepest:
-                    deepest = inner
-        if deepest and deepest + 1 > depths.get(id(target), 1):
-            self._register(target, deepest + 1)
-        target.extend(items)
-
-    def _made(self, value: object, args: tuple[object, ...]) -> object:
-        """Register a container a hook returned (an OrderedDict, a Counter, a stand-in holding args)."""
-        if isinstance(value, dict):
-            depth = 1 + max((self._depth(item) for item in value.values()), default=0)
-            for key in value:
-                self._key(key)
-        else:  # a stand-in holding the arguments: as deep as a tuple of them
-            depth = 1 + max((self._depth(item) for item in args), default=0)
-        if depth > 1:
-            self._register(value, depth)
-        return value
 
     def _refused(self, op: int, stack: list[object], pos: int) -> str:
         """Why an opcode is refused. STACK_GLOBAL and INST name a global: the hooks see it first, so
@@ -394,6 +391,9 @@ class PickleVM:
         return f"{name} of {named[0]}.{named[1]}, an opcode torch.load(weights_only=True) refuses"
 
 
-def run_pickle(data: bytes, start: int, hooks: Hooks) -> tuple[object, int]:
-    """The value of the pickle at data[start:] and the offset just after its STOP opcode."""
-    return PickleVM(data, start, hooks).run()
+def run_pickle(
+    data: bytes, start: int, hooks: Hooks, budget: PickleBudget | None = None
+) -> tuple[object, int]:
+    """The value of the pickle at data[start:] and the offset just after its STOP opcode; what it
+    costs is charged to budget (by default, a budget of its own for len(data) - start bytes)."""
+    return PickleVM(data, start, hooks, budget).run()

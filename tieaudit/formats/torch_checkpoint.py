@@ -27,6 +27,7 @@ from tieaudit.core.records import (
     TensorInfo,
     UnreadTensor,
 )
+from tieaudit.formats.pickle_budget import LEAF_UNITS, NODE_UNITS, TENSOR_UNITS, OverBudget, PickleBudget
 from tieaudit.formats.pickle_globals import Named
 from tieaudit.formats.pickle_vm import MAX_DEPTH
 from tieaudit.formats.torch_records import (
@@ -127,43 +128,83 @@ def _count(root: object, path: str) -> int:
     try:
         return count(root, 0)
     except _Stop as stop:
-        name = ".".join(key_name(key) for key in reversed(stop.keys))[:200] or ROOT_NAME
+        name = _joined(reversed(stop.keys), 200) or ROOT_NAME
         raise InputError(f"container {name!r} {stop.problem}", path) from None
 
 
-def _leaves(root: object, path: str) -> list[tuple[str, object]]:
-    """(dotted name, leaf) pairs of root in pickle order; cycles and runaway nesting are InputErrors."""
+def _joined(keys: Iterable[object], limit: int) -> str:
+    """The first limit characters of the keys' dotted name, without building the rest of it (a
+    name of 199 levels of one 4 MB key would be 800 MB)."""
+    name = ""
+    for key in keys:
+        name += ("." if name else "") + key_name(key)[: limit + 1]
+        if len(name) >= limit:
+            break
+    return name[:limit]
+
+
+def _shown(name: str) -> str:
+    """A name from the file, as a message shows it: escaped, and cut short."""
+    return repr(printable(name[:120]) + ("..." if len(name) > 120 else ""))
+
+
+def _leaves(root: object, path: str, budget: PickleBudget) -> list[tuple[str, object]]:
+    """(dotted name, leaf) pairs of root in pickle order; cycles and runaway nesting are InputErrors.
+
+    Each value named is charged to budget with its name (a shared container is named once per
+    place it appears, and names grow with depth and key length), and each tensor with what the
+    audit will keep for it: a pickle cannot make the reports cost more than it may cost itself.
+    """
     _count(root, path)  # bounds the walk below: at most MAX_VISITS values, no cycle, bounded depth
     leaves: list[tuple[str, object]] = []
     add = leaves.append
 
     def walk(name: str, value: object) -> bool:
         """Add the leaves under value; whether a tensor is among them. A placeholder holding no
-        tensor is one leaf (its numbers and strings would only be noise)."""
+        tensor is one leaf (its numbers and strings would only be noise). Every name is charged
+        before it is built (it and its parents' stay alive down the walk)."""
         if not isinstance(value, WALKED):
             add((name or ROOT_NAME, value))
-            return isinstance(value, TENSORS)
+            if isinstance(value, TENSORS):
+                budget.charge(TENSOR_UNITS, f"the tensor named {_shown(name)}")
+                return True
+            return False
         first = len(leaves)
+        budget.left -= NODE_UNITS + len(name)
+        if budget.left < 0:
+            budget.over(f"the container named {_shown(name)}")
         prefix = f"{name}." if name else ""
         found = False
         for key, item in _items(value):
-            if not isinstance(item, WALKED):
+            walked = isinstance(item, WALKED)
+            if walked and not _nonempty(item):  # type: ignore[arg-type]
+                continue  # an empty container has no leaves to name
+            budget.left -= LEAF_UNITS + len(prefix) + len(key)
+            if budget.left < 0:
+                budget.over(f"naming {_shown(prefix + key)}")
+            if not walked:
                 add((prefix + key, item))
-                found = found or isinstance(item, TENSORS)
-            elif _nonempty(item):  # an empty container has no leaves to name
+                if isinstance(item, TENSORS):
+                    budget.charge(TENSOR_UNITS, f"the tensor named {_shown(prefix + key)}")
+                    found = True
+            else:
                 found = walk(prefix + key, item) or found
         if isinstance(value, Placeholder) and not found:
             del leaves[first:]
             add((name or ROOT_NAME, value))
         return found
 
-    walk("", root)
+    try:
+        walk("", root)
+    except OverBudget as exc:
+        raise InputError(f"the unpickled checkpoint {exc}", path) from None
     return leaves
 
 
-def flatten(root: object, path: str) -> list[Entry]:
-    """Leaves of root with dotted names, in pickle order; cycles and runaway nesting are InputErrors."""
-    return [Entry(name, value) for name, value in _leaves(root, path)]
+def flatten(root: object, path: str, *, budget: PickleBudget | None = None) -> list[Entry]:
+    """Leaves of root with dotted names, in pickle order; cycles, runaway nesting and names past
+    the budget (by default, the least any file has) are InputErrors."""
+    return [Entry(name, value) for name, value in _leaves(root, path, budget or PickleBudget(0))]
 
 
 _PLAIN_REASONS: dict[type, str] = {
@@ -241,8 +282,10 @@ def build_checkpoint(
     *,
     locate: LocateStorage,
     referenced: Mapping[str, Named] | None = None,
+    budget: PickleBudget | None = None,
 ) -> OpenCheckpoint:
-    """Turn the unpickled object into a Checkpoint: tensors, storages located in the file, skipped leaves."""
+    """Turn the unpickled object into a Checkpoint: tensors, storages located in the file, skipped
+    leaves; flattening is charged to budget (the file's, what its pickles left of it)."""
     file = os.path.basename(path)
     tensors: list[TensorInfo] = []
     unread: list[UnreadTensor] = []
@@ -250,7 +293,7 @@ def build_checkpoint(
     more = 0
     seen: set[str] = set()
     plain = _PLAIN_REASONS.get
-    for name, record in _leaves(root, path):
+    for name, record in _leaves(root, path, budget or PickleBudget(0)):
         if name in seen:
             raise InputError(
                 f"two entries are named {quoted(name)} once nested keys are joined with '.' (a nested "

@@ -22,6 +22,7 @@ from tieaudit.core.errors import InputError, UnsupportedFormatError
 from tieaudit.core.escape import printable
 from tieaudit.formats.interface import Reader
 from tieaudit.formats.magic import ZIP_MAGIC
+from tieaudit.formats.pickle_budget import PickleBudget
 from tieaudit.formats.pickle_vm import MAX_DEPTH, Truncated
 from tieaudit.formats.torch_checkpoint import ROOT_NAME, LocateStorage, build_checkpoint, flatten
 from tieaudit.formats.torch_legacy import read_legacy
@@ -123,7 +124,7 @@ def _zip_locator(archive: ZipArchive, prefix: str, path: str) -> LocateStorage:
 
 
 def _read_zip(
-    fd: int, size: int, path: str, *, referenced: Referenced
+    fd: int, size: int, path: str, *, referenced: Referenced, budget: PickleBudget
 ) -> tuple[object, dict[str, StorageRef], LocateStorage]:
     archive = read_archive(fd, size, path)
     prefix = _prefix(archive, path)
@@ -134,7 +135,7 @@ def _read_zip(
     what = shown(member.name)
     data = read_member(fd, member, MAX_PICKLE_BYTES, path=path)
     try:
-        root, storages, _ = load_pickle(data, path, what, referenced=referenced)
+        root, storages, _ = load_pickle(data, path, what, referenced=referenced, budget=budget)
     except Truncated:
         raise truncated_error(what, path) from None
     return root, storages, _zip_locator(archive, prefix, path)
@@ -179,13 +180,17 @@ class TorchReader(Reader):
                 fd = handle.fileno()
                 size = os.fstat(fd).st_size
                 head = os.pread(fd, 64, 0)
+                # One budget for the file: its pickles, then flattening what they made.
+                budget = PickleBudget(size)
                 if head.startswith(ZIP_MAGIC):
-                    root, storages, locate = _read_zip(fd, size, path, referenced=referenced)
+                    root, storages, locate = _read_zip(fd, size, path, referenced=referenced, budget=budget)
                 elif is_legacy_stream(path, head):
-                    root, storages, locate = read_legacy(fd, size, path, referenced=referenced)
+                    root, storages, locate = read_legacy(fd, size, path, referenced=referenced, budget=budget)
                 else:
                     raise UnsupportedFormatError("not a torch.save file (neither zip nor legacy magic)", path)
-                opened = build_checkpoint(path, root, storages, locate=locate, referenced=referenced)
+                opened = build_checkpoint(
+                    path, root, storages, locate=locate, referenced=referenced, budget=budget
+                )
                 layout = training_layout(root, opened.checkpoint.names)
                 if layout is not None:
                     opened.checkpoint = dataclasses.replace(opened.checkpoint, training=layout)

@@ -21,6 +21,7 @@ from tieaudit.formats.torch_records import GRAD_DTYPES as GRAD_DTYPES  # the tes
 from tieaudit.formats.torch_records import (
     LABEL_ITEMSIZE,
     MAX_INT64,
+    NO_FLAGS,
     QUANTIZED_ITEMSIZE,
     CounterDict,
     DtypeToken,
@@ -89,7 +90,6 @@ DEVICE_TYPES = frozenset(
 )
 """Device type names torch.device accepts."""
 
-
 _ints = check_ints
 _requires_grad = check_requires_grad
 _arity = check_arity
@@ -99,14 +99,14 @@ def _flags(metadata: object, dtype: str) -> frozenset[str]:
     """torch._utils.set_tensor_metadata's bits. torch skips falsy metadata and takes a dict of str to
     bool; only what torch.save writes is read ({"conj": True}, {"neg": True}), anything else refused."""
     if not metadata:
-        return frozenset()
+        return NO_FLAGS
     if type(metadata) is not dict or not all(
         key in ("conj", "neg") and type(value) is bool for key, value in metadata.items()
     ):
         bad("tensor metadata other than conj/neg bits, which tieaudit does not read")
     if "conj" in metadata and not dtype.startswith("complex"):
         bad(f"the conj bit (even unset) on a {dtype} tensor, which torch refuses")
-    return frozenset(key for key in ("conj", "neg") if metadata.get(key))
+    return frozenset(key for key in ("conj", "neg") if metadata.get(key)) or NO_FLAGS
 
 
 def _view(args: tuple[object, ...], dtype: str | None, metadata: object = None) -> TensorRecord:
@@ -236,7 +236,7 @@ def rebuild_from_type_v2(*args: object) -> object:
         # A subclass outside the allowlist (torch refuses it by default): an inert object of that
         # class holding the rebuilt tensor and its attributes, each listed under its own name.
         made = Placeholder(new_type.name, made=True, args=(result,))
-        made.states = (state,)
+        made.states = [state]
         return made
     check_state(state)
     return result

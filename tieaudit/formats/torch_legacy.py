@@ -14,6 +14,7 @@ import tarfile
 
 from tieaudit.core.errors import InputError, UnsupportedFormatError
 from tieaudit.core.escape import printable
+from tieaudit.formats.pickle_budget import PickleBudget
 from tieaudit.formats.pickle_vm import Truncated
 from tieaudit.formats.torch_checkpoint import LocateStorage
 from tieaudit.formats.torch_pickle import MAX_PICKLE_BYTES, Layout, Referenced, load_pickle, truncated_error
@@ -51,13 +52,17 @@ def _load_at(
     layout: Layout = "plain",
     limit: int = MAX_PICKLE_BYTES,
     referenced: Referenced,
+    budget: PickleBudget,
 ) -> tuple[object, dict[str, StorageRef], int]:
-    """The pickle starting at byte start (at most limit bytes), read through a growing window."""
+    """The pickle starting at byte start (at most limit bytes), read through a growing window. A
+    retry with a larger window is charged again: what the shorter one cost was spent."""
     window = min(FIRST_WINDOW, limit)
     while True:
         data = pread(fd, min(window, size - start, limit), start)
         try:
-            root, storages, end = load_pickle(data, path, what, layout=layout, referenced=referenced)
+            root, storages, end = load_pickle(
+                data, path, what, layout=layout, referenced=referenced, budget=budget
+            )
         except Truncated:
             if start + len(data) >= size:
                 raise truncated_error(what, path) from None
@@ -73,7 +78,7 @@ def _shown(value: object) -> str:
 
 
 def read_legacy(
-    fd: int, size: int, path: str, *, referenced: Referenced
+    fd: int, size: int, path: str, *, referenced: Referenced, budget: PickleBudget
 ) -> tuple[object, dict[str, StorageRef], LocateStorage]:
     """The object pickle's root, its storages, and where each storage's bytes are in the file."""
     if _is_tar(fd):
@@ -83,25 +88,23 @@ def read_legacy(
             path,
         )
     header = MAX_HEADER_PICKLE_BYTES
-    magic, _, position = _load_at(
-        fd, 0, size, referenced=referenced, path=path, what="the magic number", limit=header
-    )
-    version, _, position = _load_at(
-        fd, position, size, referenced=referenced, path=path, what="the protocol version", limit=header
-    )
+    def load(
+        position: int, what: str, *, layout: Layout = "plain", limit: int = MAX_PICKLE_BYTES
+    ) -> tuple[object, dict[str, StorageRef], int]:
+        return _load_at(
+            fd, position, size, path=path, what=what, layout=layout, limit=limit, referenced=referenced,
+            budget=budget,
+        )  # fmt: skip
+
+    magic, _, position = load(0, "the magic number", limit=header)
+    version, _, position = load(position, "the protocol version", limit=header)
     if magic != MAGIC_NUMBER or version != PROTOCOL_VERSION:
         raise InputError(f"not a legacy torch file (magic {_shown(magic)}, protocol {_shown(version)})", path)
-    sys_info, _, position = _load_at(
-        fd, position, size, referenced=referenced, path=path, what="the system info", limit=header
-    )
+    sys_info, _, position = load(position, "the system info", limit=header)
     if not isinstance(sys_info, dict) or sys_info.get("little_endian") is not True:
         raise UnsupportedFormatError("big-endian (or unmarked) legacy checkpoints are not supported", path)
-    root, storages, position = _load_at(
-        fd, position, size, referenced=referenced, path=path, what="the object pickle", layout="legacy"
-    )
-    keys, _, position = _load_at(
-        fd, position, size, referenced=referenced, path=path, what="the storage key list"
-    )
+    root, storages, position = load(position, "the object pickle", layout="legacy")
+    keys, _, position = load(position, "the storage key list")
     offsets = _offsets(fd, size, position, keys=keys, storages=storages, path=path)
 
     def locate(ref: StorageRef) -> int:

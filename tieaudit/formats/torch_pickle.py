@@ -16,6 +16,7 @@ from typing import Literal
 
 from tieaudit.core.errors import InputError, UnsafeInputError, UnsupportedFormatError, one_line
 from tieaudit.core.escape import printable
+from tieaudit.formats.pickle_budget import OverBudget, PickleBudget
 from tieaudit.formats.pickle_globals import Named, Use, classify
 from tieaudit.formats.pickle_vm import PickleError, Truncated, run_pickle
 from tieaudit.formats.torch_globals import ALLOWLIST, NOT_READ
@@ -233,18 +234,24 @@ def load_pickle(
     layout: Layout = "zip",
     unknown: UnknownGlobal = inert,
     referenced: Referenced | None = None,
+    budget: PickleBudget | None = None,
 ) -> tuple[object, dict[str, StorageRef], int]:
     """Unpickle the pickle at data[start:]: (root, storages, offset after STOP).
 
-    Globals it names are added to ``referenced``. A malformed pickle, or one the reader cannot
-    read as torch does, is an InputError naming path and what; a truncated one raises
-    ``Truncated`` (callers reading a window may retry).
+    Globals it names are added to ``referenced``; what it costs is charged to ``budget`` (the
+    file's; by default one for len(data) - start bytes). A malformed pickle, one the reader cannot
+    read as torch does, or one over budget is an InputError naming path and what; a truncated one
+    raises ``Truncated`` (callers reading a window may retry).
     """
     hooks = TorchHooks(path, layout, unknown, referenced=referenced)
     try:
-        root, end = run_pickle(data, start, hooks)
+        budget = budget or PickleBudget(len(data) - start)
+        budget.charge(len(data) - start, "the pickle's own bytes (inflated, when compressed)")
+        root, end = run_pickle(data, start, hooks, budget)
     except Truncated:
         raise
+    except OverBudget as exc:
+        raise InputError(f"{what} {exc}", path) from None
     except PickleError as exc:
         raise InputError(
             f"{what} is not a valid torch pickle ({one_line(exc, 300, escaped=True)})", path

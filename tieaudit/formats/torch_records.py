@@ -8,7 +8,7 @@ from __future__ import annotations
 import reprlib
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from tieaudit.core.dtypes import ITEMSIZE
@@ -43,6 +43,11 @@ def element_size(dtype: str) -> int:
 def bad(message: str) -> NoReturn:
     """Refuse the pickle: torch would fail here too, or tieaudit cannot read it the same way."""
     raise PickleError(message)
+
+
+NO_FLAGS: frozenset[str] = frozenset()
+"""The flags of almost every tensor: one shared object (an empty frozenset is 216 bytes, and
+CPython makes a new one each time)."""
 
 
 @dataclass(frozen=True)
@@ -98,7 +103,7 @@ class TensorRecord:
     """Size in elements per dimension."""
     strides: tuple[int, ...]
     """Stride in elements per dimension (non-negative)."""
-    flags: frozenset[str] = field(default_factory=frozenset)
+    flags: frozenset[str] = NO_FLAGS
     """Set bits of torch's tensor metadata (``conj``, ``neg``): stored bytes are not the values."""
 
 
@@ -157,8 +162,9 @@ class Placeholder:
         """False for the global itself; True for an object REDUCE/NEWOBJ made from it."""
         self.args = args
         """The arguments of the call that made it."""
-        self.states: tuple[object, ...] = ()
-        """The state of each BUILD applied to it."""
+        self.states: list[object] = []
+        """The state of each BUILD applied to it (a list: a pickle may BUILD one object a million
+        times, and a tuple grown by one each time would be copied every time)."""
         self.dictitems: dict[Any, Any] | None = None
         """What SETITEM(S) put in it (dict subclasses); made on first use, so a placeholder costs
         about what the opcodes that made it cost."""

@@ -10,7 +10,7 @@ import os
 from typing import Protocol
 
 from tieaudit.audit import Audit, audit_path
-from tieaudit.core.errors import ExternalDataError, LfsPointerError, TieauditError
+from tieaudit.core.errors import OUT_OF_MEMORY, ExternalDataError, LfsPointerError, TieauditError
 from tieaudit.gate.discover import PathError
 from tieaudit.gate.progress import ProgressBar
 from tieaudit.rules.policy import Policy
@@ -39,6 +39,8 @@ def _audit(path: str, policy: Policy) -> Audit | PathError:
             lfs_pointer=isinstance(exc, LfsPointerError),
             data_of=exc.models if isinstance(exc, ExternalDataError) else (),
         )
+    except MemoryError:  # this path's audit needed more than the process could get; the others go on
+        return PathError(path=path, message=OUT_OF_MEMORY)
 
 
 def _relative(outcome: Audit | PathError, prefix: str) -> Audit | PathError:

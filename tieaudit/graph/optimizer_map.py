@@ -22,6 +22,7 @@ A mapping that is not unique is reported as such, never guessed.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -67,7 +68,16 @@ class OptimizerMap:
 
     def shape_of(self, key: ParamKey) -> Shape | None:
         """The shape a key's element-wise state has (None: no such state)."""
-        return next((s.shape for s in self.optimizer.slots if s.key == key), None)
+        return self._shapes.get(key)
+
+    @functools.cached_property
+    def _shapes(self) -> dict[ParamKey, Shape | None]:
+        """Each key's first element-wise state's shape: looked up once per key by the rules, so a
+        scan of the slots per lookup was quadratic (18 s for 25 000 parameters with Adam state)."""
+        shapes: dict[ParamKey, Shape | None] = {}
+        for slot in self.optimizer.slots:
+            shapes.setdefault(slot.key, slot.shape)
+        return shapes
 
 
 def model_params(ckpt: Checkpoint, layout: TrainingLayout) -> tuple[ModelParam, ...]:

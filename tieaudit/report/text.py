@@ -23,6 +23,9 @@ from tieaudit.report.training import training_lines
 
 MAX_TENSOR_ROWS = 30
 """Tensors listed in the text report (the largest first); --format json lists every one."""
+MAX_CELL_NAMES = 64
+"""Names one cell of the text report lists (a tie group's, a finding's): a pickle can point 100 000
+names at one storage, and laying out each costs rich about 100 us; --format json lists every one."""
 COVERED_NAMED = 4
 UNREAD_NAMED = 5
 """Unread tensors (quantized, sparse, meta, ...) a text note names; --format json lists every one."""
@@ -54,8 +57,11 @@ def unread_notes(ckpt: Checkpoint) -> list[str]:
 
 
 def cells(names: tuple[str, ...] | list[str]) -> Text:
-    """Several names, one per line."""
-    return Text("\n").join(cell(name) for name in names)
+    """Several names, one per line; past MAX_CELL_NAMES, how many more."""
+    shown = [cell(name) for name in names[:MAX_CELL_NAMES]]
+    if len(names) > MAX_CELL_NAMES:
+        shown.append(Text(f"... {len(names) - MAX_CELL_NAMES} more (--format json lists every name)"))
+    return Text("\n").join(shown)
 
 
 def _tie_status(state: TieState) -> str:
