@@ -29,6 +29,7 @@ from tieaudit.cli.common import (
 )
 from tieaudit.core.errors import TieauditError
 from tieaudit.core.exit_codes import ExitCode
+from tieaudit.core.shell import tieaudit_command
 from tieaudit.core.units import agree, plural
 from tieaudit.core.version import __version__
 from tieaudit.gate.executors import CONNECT_TIMEOUT_S
@@ -90,7 +91,8 @@ def inspect(path: str, fmt: InspectFormat, output: str | None) -> None:
     write_output(render(audit, fmt, color=use_color(output), width=report_width(output)), output)
     if others:
         count = plural(len(others), "other checkpoint")
-        echo_note(f"{count} in {path} {agree(len(others), 'is')} audited by `tieaudit check {path}`")
+        command = tieaudit_command("check", path)
+        echo_note(f"{count} in {path} {agree(len(others), 'is')} audited by `{command}`")
 
 
 def _not_one_model(path: str, checkpoints: tuple[str, ...]) -> None:
@@ -100,7 +102,8 @@ def _not_one_model(path: str, checkpoints: tuple[str, ...]) -> None:
         echo_error(f"{path}: no weights found: not one model ({why}), and no checkpoint under it")
     else:
         count = plural(len(checkpoints), "checkpoint")
-        echo_error(f"{path}: not one model ({why}); `tieaudit check {path}` audits the {count} under it:")
+        command = tieaudit_command("check", path)
+        echo_error(f"{path}: not one model ({why}); `{command}` audits the {count} under it:")
         for checkpoint in checkpoints:
             echo_note(f"  {checkpoint}")
     raise click.exceptions.Exit(ExitCode.BAD_INPUT)
