@@ -166,7 +166,7 @@ def _not_one_model(path: str, checkpoints: tuple[str, ...]) -> None:
 )
 @click.option(
     "--connect-timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=float,
     default=CONNECT_TIMEOUT_S,
     show_default=True,
     metavar="SECONDS",

@@ -22,7 +22,7 @@ from tieaudit.core.errors import TieauditError, UsageError
 from tieaudit.core.exit_codes import ExitCode
 from tieaudit.core.extras import require
 from tieaudit.core.shell import Advice, advice, tieaudit_command
-from tieaudit.core.units import human_bytes
+from tieaudit.core.units import checked_seconds, human_bytes
 from tieaudit.rules.finding import SEVERITY_RANK, Finding, Severity
 from tieaudit.rules.runtime_duplicate import RUNTIME_DUPLICATE
 from tieaudit.runtime.graph import InputSpec, ModelFacts, StaticView, analyse_optimized, read_model
@@ -256,6 +256,7 @@ def measure_runtime(
 
     memory_limit: bytes each probe may use (default: default_memory_limit of the model).
     """
+    timeout = checked_seconds(timeout, "--timeout")
     names = list(dict.fromkeys(configs or CONFIGS))
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
