@@ -106,13 +106,29 @@ def user_errors(command: F) -> F:
 def from_cache(path: str, *, verb: str = "audited") -> str:
     """PATH, or the Hugging Face cache snapshot it names as a repository id (with a note saying
     which); an id the cache lacks is an InputError."""
+    resolved, note = cached_input(path, verb=verb)
+    if note is not None:
+        echo_note(note)
+    return resolved
+
+
+def cached_input(path: str, *, verb: str) -> tuple[str, str | None]:
+    """``from_cache`` without printing: PATH or its cache snapshot, and the note to print, if any."""
     from tieaudit.formats.hf_cache import cache_note, cached_argument
 
     snapshot = cached_argument(path)
     if snapshot is None:
-        return path
-    echo_note(cache_note(path, snapshot, verb=verb))
-    return snapshot.folder
+        return path, None
+    return snapshot.folder, cache_note(path, snapshot, verb=verb)
+
+
+def warn_runs_code(path: str) -> None:
+    """retie's and convert's first line when IN's pickle runs code when loaded (TIE010)."""
+    from tieaudit.repair.runs_code import runs_code_warning
+
+    warning = runs_code_warning(path)
+    if warning is not None:
+        echo_warning(f"{path}: {warning}")
 
 
 STDOUT = "-"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tieaudit.cli.common import SizeParam, from_cache, user_errors
+from tieaudit.cli.common import SizeParam, cached_input, echo_note, user_errors, warn_runs_code
 from tieaudit.graph import DEFAULT_MIN_BYTES
 from tieaudit.repair.publish import BACKUP_SUFFIX
 
@@ -137,7 +137,10 @@ def retie(
     from tieaudit.repair.retie import retie as run_retie
     from tieaudit.report.plan import render_plan
 
-    given, source = source, from_cache(source, verb="read")
+    given, (source, cache_note) = source, cached_input(source, verb="read")
+    warn_runs_code(source)  # before anything else: whoever has IN may load it another way
+    if cache_note is not None:
+        echo_note(cache_note)
     if in_place and source != given:
         raise click.UsageError(
             f"--in-place would rewrite the Hugging Face cache's {given}; give an OUT outside it"
