@@ -14,6 +14,7 @@ import click
 from tieaudit.core.errors import TieauditError
 from tieaudit.core.escape import printable
 from tieaudit.core.exit_codes import ExitCode
+from tieaudit.core.interrupts import Interrupted, exit_status, interrupted_line, process_signal
 from tieaudit.core.units import parse_size
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -233,3 +234,34 @@ class SizeParam(click.ParamType[int]):
                 f"{value!r} is less than {self.minimum} byte{'s' if self.minimum != 1 else ''}", param, ctx
             )
         return size
+
+
+def exit_code_of(exc: BaseException) -> int:
+    """What main does with an exception a command raised: one line (a traceback for a bug) and the
+    exit code. A signal ends the run as interrupted (130, 143), also when a library turned the
+    Interrupted it raised into an error of its own (torch: a RuntimeError)."""
+    signum = exc.signum if isinstance(exc, Interrupted) else process_signal()
+    if signum is not None:
+        click.echo(interrupted_line(signum), err=True)
+        return exit_status(signum)
+    if isinstance(exc, click.UsageError):
+        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+        echo_error(f"{exc.format_message()}{hint}")
+        return ExitCode.BAD_INPUT
+    if isinstance(exc, click.ClickException):
+        exc.show()
+        return ExitCode.BAD_INPUT if exc.exit_code == 1 else exc.exit_code  # click's UsageError is 2 already
+    if isinstance(exc, click.Abort):
+        click.echo("tieaudit: aborted", err=True)
+        return ExitCode.BAD_INPUT
+    import traceback
+
+    traceback.print_exc()  # a TieauditError here was re-raised under --debug, for its traceback
+    if isinstance(exc, TieauditError):
+        echo_error(str(exc))
+        return ExitCode.BAD_INPUT
+    click.echo(
+        "tieaudit: internal error: this is a bug in tieaudit; please report it with the traceback above",
+        err=True,
+    )
+    return ExitCode.INTERNAL_ERROR

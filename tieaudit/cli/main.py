@@ -20,6 +20,7 @@ from tieaudit.cli.common import (
     echo_error,
     echo_note,
     echo_warning,
+    exit_code_of,
     from_cache,
     output_options,
     report_width,
@@ -27,8 +28,8 @@ from tieaudit.cli.common import (
     user_errors,
     write_output,
 )
-from tieaudit.core.errors import TieauditError
 from tieaudit.core.exit_codes import ExitCode
+from tieaudit.core.interrupts import Interrupted
 from tieaudit.core.shell import tieaudit_command
 from tieaudit.core.units import agree, plural
 from tieaudit.core.version import __version__
@@ -353,7 +354,7 @@ def _quiet_warnings(argv: list[str] | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console-script entry point."""
+    """Console-script entry point (cli.launch guards signals first)."""
     _quiet_warnings(argv)
     try:
         # standalone_mode=False: click returns an Exit's code instead of calling sys.exit.
@@ -361,32 +362,12 @@ def main(argv: list[str] | None = None) -> int:
         return code if isinstance(code, int) else ExitCode.OK
     except click.exceptions.Exit as exc:
         return int(exc.exit_code)
-    except click.UsageError as exc:
-        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
-        echo_error(f"{exc.format_message()}{hint}")
-        return ExitCode.BAD_INPUT
-    except click.ClickException as exc:
-        exc.show()
-        return ExitCode.BAD_INPUT if exc.exit_code == 1 else exc.exit_code  # click's UsageError is 2 already
-    except click.Abort:
-        click.echo("tieaudit: aborted", err=True)
-        return ExitCode.BAD_INPUT
-    except TieauditError as exc:  # re-raised under --debug for its traceback: still bad input
-        import traceback
-
-        traceback.print_exc()
-        echo_error(str(exc))
-        return ExitCode.BAD_INPUT
-    except Exception:  # a tieaudit bug, not bad input: keep the traceback for the report
-        import traceback
-
-        traceback.print_exc()
-        click.echo(
-            "tieaudit: internal error: this is a bug in tieaudit; please report it with the traceback above",
-            err=True,
-        )
-        return ExitCode.INTERNAL_ERROR
+    except (Exception, Interrupted) as exc:
+        return exit_code_of(exc)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # python -m tieaudit.cli.main: as cli.launch, once the imports are done
+    from tieaudit.core.interrupts import guard_process
+
+    guard_process()
     sys.exit(main())
