@@ -57,15 +57,15 @@ ATTACKS: dict[str, str | bytes] = {
     "leading_dash_short": "-rf.safetensors",
     "non_utf8_bytes": b"m\xff\xfe$(touch " + MARKER.encode() + b").safetensors",
     "bidi_override": "m\u202eevil.safetensors",
-    "glob": "m*.safetensors",
-    "tilde": "~root.safetensors",
+    "glob": "m*.safetensors",  # beside a decoy, mX.safetensors, which an unquoted glob also names
+    "tilde": "~root",  # unquoted, bash reads /root
     "history_expansion": f"m!!touch {MARKER}.safetensors",
     "dollar_single_quote": f"$'\\x3b'touch {MARKER}.safetensors",
     "backslash": "m\\n\\\\.safetensors",
     "markdown_mention_and_issue": "m@owner#1.safetensors",
     "markdown_pipe_backtick": "m|`x`|.safetensors",
     "workflow_percent": "m%0A::error::x.safetensors",
-    "unicode_letters": "модель.safetensors",
+    "unicode_letters_control": "модель.safetensors",  # no attack: quoting must not break it either
 }
 
 
@@ -119,6 +119,7 @@ def _assert_retie_argv(argv: list[str], name: str) -> None:
     assert argv[0] == "retie", argv
     assert os.path.normpath(argv[1]) == name, argv
     assert os.path.normpath(argv[2]) == retied_path(name, "safetensors"), argv
+    assert not argv[1].startswith("-") and not argv[2].startswith("-"), argv  # else read as options
     assert all(a.startswith("--") or a.replace(",", "").isalpha() for a in argv[3:]), argv
 
 
@@ -131,8 +132,9 @@ def _from_text(out: str) -> str:
 
 
 def _from_inspect_text(out: str) -> str:
-    (line,) = [line for line in out.splitlines() if line.startswith("TIE001 fix: ")]
-    return line.removeprefix("TIE001 fix: ")
+    """The first line holding the fix (one line, or the command was folded and cannot be pasted)."""
+    line = next(line for line in out.splitlines() if "fix: " in line)
+    return line.split("fix: ", 1)[1].rstrip(" │")
 
 
 def _from_json(out: str) -> str:
@@ -156,13 +158,12 @@ def _from_github(out: str) -> str:
 
 
 def _from_markdown(out: str) -> str:
-    """What GitHub shows in the fix cell (a GFM renderer's text of its code span): what a reader copies."""
+    """What GitHub shows in the fix cell (a GFM renderer's text of it): what a reader copies."""
     rendered = MarkdownIt("commonmark").enable("table").render(out)
     rows = re.findall(r"<tr>(.*?)</tr>", rendered, flags=re.S)
     (row,) = [r for r in rows if "TIE001" in r]
     cell = re.findall(r"<td>(.*?)</td>", row, flags=re.S)[-1]
-    (code,) = re.findall(r"<code>(.*?)</code>", cell, flags=re.S)
-    return html.unescape(code)
+    return html.unescape(re.sub(r"<[^>]+>", "", cell))
 
 
 SHOWN = {
@@ -188,6 +189,7 @@ def test_pasted_fix_names_exactly_the_file_in_every_format(
     work = tmp_path / "work"
     work.mkdir()
     _make(work, name)
+    (work / "mX.safetensors").write_bytes(b"decoy")
     monkeypatch.chdir(work)
     monkeypatch.setenv("COLUMNS", "80")  # narrow: a folded command would no longer paste
     for fmt, (args, shown) in SHOWN.items():

@@ -221,15 +221,16 @@ for argv in json.loads(sys.argv[1]):
     finally:
         sys.stderr = real
     results.append({"code": code, "err": err.getvalue(), "seconds": time.monotonic() - start})
-print(json.dumps(results))
+with open(sys.argv[2], "w") as out:
+    json.dump(results, out)
 """
 
 
-def _run_in_one_process(runs: list[list[str]]) -> tuple[list[dict[str, object]], str]:
+def _run_in_one_process(runs: list[list[str]], results: Path) -> tuple[list[dict[str, object]], str]:
     """main(argv) for each run in one child (its imports paid once): each run's code, stderr and
     time, and what the child printed on stderr outside them (at exit: "Exception ignored ...")."""
     done = subprocess.run(
-        [sys.executable, "-c", DRIVER, json.dumps(runs)],
+        [sys.executable, "-c", DRIVER, json.dumps(runs), str(results)],
         cwd=ROOT / "fixtures",
         capture_output=True,
         text=True,
@@ -237,11 +238,11 @@ def _run_in_one_process(runs: list[list[str]]) -> tuple[list[dict[str, object]],
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    results: list[dict[str, object]] = json.loads(done.stdout)
-    return results, done.stderr
+    found: list[dict[str, object]] = json.loads(results.read_text())
+    return found, done.stderr
 
 
-def test_malformed_executor_and_connect_timeout_are_one_line_exit_2_within_2_seconds() -> None:
+def test_malformed_executor_and_connect_timeout_are_one_line_exit_2_within_2_seconds(tmp_path: Path) -> None:
     runs = [
         ["check", "generated/safetensors", "--executor", url, "--connect-timeout", "30"]
         for url in ADDRESSES.values()
@@ -253,7 +254,7 @@ def test_malformed_executor_and_connect_timeout_are_one_line_exit_2_within_2_sec
     runs += [
         ["check", "generated/safetensors", "--connect-timeout", t] for t in ("nan", "1e400")
     ]  # local too
-    results, after = _run_in_one_process(runs)
+    results, after = _run_in_one_process(runs, tmp_path / "results.json")
     names = [*ADDRESSES, *TIMEOUTS, "local-nan", "local-1e400"]
     for name, result in zip(names, results, strict=True):
         lines = str(result["err"]).splitlines()
