@@ -29,7 +29,7 @@ from tieaudit.cli.common import (
     write_output,
 )
 from tieaudit.core.exit_codes import ExitCode
-from tieaudit.core.interrupts import Interrupted
+from tieaudit.core.interrupts import Interrupted, process_signal
 from tieaudit.core.shell import tieaudit_command
 from tieaudit.core.units import agree, plural
 from tieaudit.core.version import __version__
@@ -359,11 +359,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # standalone_mode=False: click returns an Exit's code instead of calling sys.exit.
         code = cli.main(args=argv, prog_name="tieaudit", standalone_mode=False)
-        return code if isinstance(code, int) else ExitCode.OK
+        code = code if isinstance(code, int) else ExitCode.OK
     except click.exceptions.Exit as exc:
-        return int(exc.exit_code)
+        code = int(exc.exit_code)
     except (Exception, Interrupted) as exc:
         return exit_code_of(exc)
+    signum = process_signal()  # caught, and swallowed on the way by a library: the run was interrupted
+    return code if signum is None else exit_code_of(Interrupted(signum))
 
 
 if __name__ == "__main__":  # python -m tieaudit.cli.main: as cli.launch, once the imports are done

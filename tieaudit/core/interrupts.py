@@ -62,6 +62,13 @@ class SignalGuard:
             self._raised = True
             raise Interrupted(self.caught, self)
 
+    def check(self) -> None:
+        """Raise Interrupted if a signal was caught, also one raised before that something swallowed
+        (a library's bare ``except:`` around an import): called where work would become visible."""
+        if self.caught is not None and not self._deferring:
+            self._raised = True
+            raise Interrupted(self.caught, self)
+
     def rearm(self) -> None:
         """The Interrupted this guard raised was lost (Python could only report it, in a ``__del__``
         or a callback): raise it again at the next instruction of the main thread."""
@@ -146,6 +153,8 @@ def signals_guarded() -> Iterator[SignalGuard]:
     """Handlers for SIGINT and SIGTERM for the block's duration (main thread only; an ignored signal
     stays ignored). After the block: previous handlers back, then the caught signal delivered; if
     that returns (a handler that does not end the run), Interrupted is raised to the caller."""
+    if _PROCESS:
+        _PROCESS[0].check()  # a signal the run swallowed before this block: it never starts
     guard = SignalGuard()
     if threading.current_thread() is not threading.main_thread():
         yield guard  # handlers can only be installed from the main thread
