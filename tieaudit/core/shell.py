@@ -17,13 +17,14 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import string
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-_PLAIN = frozenset(string.ascii_letters + string.digits + "_-./:@%+=,^~ ")
-"""Characters written as themselves inside ``$'...'``; every other one as its bytes, ``\\xHH``
-(``'``, ``\\``, ``!`` included: no quote to close, no escape to misread, no history expansion)."""
+_PLAIN = frozenset(chr(code) for code in range(0x20, 0x7F)) - set("\\'!")
+"""Characters written as themselves inside ``$'...'`` (printable ASCII: nothing else is special
+there); every other one as its bytes, ``\\xHH``: the backslash and the quote (no escape to misread,
+no quote to close), '!' (no history expansion), control characters and anything not ASCII (the
+file's bytes, whatever the terminal's encoding)."""
 _COMMAND_IN_TEXT = re.compile(r"\btieaudit\s+(inspect|check|retie|convert|runtime|export|rule)\b")
 """A tieaudit command written into prose: what Advice refuses (commands are Command parts)."""
 
