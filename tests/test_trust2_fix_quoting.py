@@ -87,14 +87,15 @@ def stand_in(tmp_path: Path) -> Iterator[Path]:
     """A folder holding a `tieaudit` that records its argv (NUL-separated, bytes) in argv.log."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    script = bin_dir / "tieaudit"
-    script.write_text(
-        f"#!{sys.executable}\n"
-        "import os, sys\n"
-        "with open(os.environ['ARGV_LOG'], 'wb') as log:\n"
-        "    log.write(b'\\0'.join(os.fsencode(a) for a in sys.argv[1:]))\n"
-    )
-    script.chmod(0o755)
+    for program in ("tieaudit", "huggingface-cli"):
+        script = bin_dir / program
+        script.write_text(
+            f"#!{sys.executable}\n"
+            "import os, sys\n"
+            "with open(os.environ['ARGV_LOG'], 'wb') as log:\n"
+            "    log.write(b'\\0'.join(os.fsencode(a) for a in sys.argv[1:]))\n"
+        )
+        script.chmod(0o755)
     yield bin_dir
 
 
@@ -275,6 +276,23 @@ def test_every_rule_with_a_command_names_the_file_only_in_the_command(
                 assert argv[0] == "retie" and os.path.normpath(argv[1]) == name, (finding.rule, argv)
             checked.add(finding.rule)
     assert checked == {"TIE001", "TIE007", "TIE008", "TIE009"}
+
+
+def test_download_suggestion_for_a_revision_names_exactly_that_revision(
+    tmp_path: Path, stand_in: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A repository id the cache lacks a revision of: the `huggingface-cli download` it suggests."""
+    cache = tmp_path / "hub"
+    (cache / "models--org--llama" / "snapshots").mkdir(parents=True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.chdir(tmp_path)
+    revision = f"$(touch {MARKER});x"
+    assert main(["inspect", f"org/llama@{revision}"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    command = re.search(r"never downloads: `(.*)` fetches it", line)
+    assert command is not None, line
+    argv = _paste(command.group(1), cwd=tmp_path, bin_dir=stand_in)
+    assert argv == ["download", "org/llama", "--revision", revision]
 
 
 # --- the mechanism -------------------------------------------------------------------------------
