@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import click
@@ -123,13 +124,29 @@ def cached_input(path: str, *, verb: str) -> tuple[str, str | None]:
     return snapshot.folder, cache_note(path, snapshot, verb=verb)
 
 
-def warn_runs_code(path: str) -> None:
-    """retie's and convert's first line when IN's pickle runs code when loaded (TIE010)."""
+@contextlib.contextmanager
+def runs_code_first(path: str, cache_note: str | None) -> Iterator[None]:
+    """retie's and convert's run (the block) with what IN's pickle runs when loaded (TIE010) said
+    before anything else: as the first line when the run goes on (the cache note, if any, after
+    it), at the front of its one error line when it stops (bad input stays one line)."""
     from tieaudit.repair.runs_code import runs_code_warning
 
     warning = runs_code_warning(path)
-    if warning is not None:
-        echo_warning(f"{path}: {warning}")
+    if warning is None:
+        if cache_note is not None:
+            echo_note(cache_note)
+        yield
+        return
+    try:
+        yield
+    except TieauditError as exc:
+        exc.message = f"{warning}; {exc.message}"
+        raise
+    except click.UsageError as exc:
+        raise click.UsageError(f"{path}: {warning}; {exc.format_message()}", exc.ctx) from None
+    echo_warning(f"{path}: {warning}")
+    if cache_note is not None:
+        echo_note(cache_note)
 
 
 STDOUT = "-"

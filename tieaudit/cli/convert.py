@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tieaudit.cli.common import cached_input, echo_note, user_errors, warn_runs_code
+from tieaudit.cli.common import cached_input, runs_code_first, user_errors
 
 
 @click.command()
@@ -52,10 +52,8 @@ def convert(source: str, out: str | None, dry_run: bool) -> None:
     from tieaudit.report.convert_text import render_convert
 
     source, cache_note = cached_input(source, verb="read")
-    warn_runs_code(source)  # before anything else: whoever has IN may load it another way
-    if cache_note is not None:
-        echo_note(cache_note)
-    result = convert_checkpoint(source, out, dry_run=dry_run)
+    with runs_code_first(source, cache_note):  # whoever has IN may load it another way: said first
+        result = convert_checkpoint(source, out, dry_run=dry_run)
     for note in result.notes:
         click.echo(f"tieaudit: note: {note}", err=True)
     click.echo(render_convert(result), nl=False, err=not dry_run)
