@@ -76,7 +76,7 @@ def test_mixed_relations_are_one_finding_with_each_relation(tmp_path: Path) -> N
     assert copies[0].relation == "mixed"
     assert copies[0].details["relations"] == {"head.weight": "equal", "head_t.weight": "transposed"}
     assert copies[0].wasted_bytes == 2 * matrix.nbytes
-    assert "--relations equal,transposed" in (copies[0].fix or "")
+    assert "--relations equal,transposed" in str(copies[0].fix)
 
 
 def test_small_declared_chain_is_one_group(tmp_path: Path) -> None:

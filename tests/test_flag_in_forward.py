@@ -63,4 +63,4 @@ def test_retie_leaves_the_copy_instead_of_changing_the_outputs(tmp_path: Path) -
 
     (finding,) = [f for f in audit_path(str(source)).findings if f.rule == "TIE001"]
     assert finding.fix is not None
-    assert finding.fix.startswith("keep them:") and "--all-equal" not in finding.fix
+    assert str(finding.fix).startswith("keep them:") and "--all-equal" not in str(finding.fix)

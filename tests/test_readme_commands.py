@@ -221,7 +221,7 @@ def test_make_installs_the_command_into_venv_bin() -> None:
     assert "VENV := .venv\n" in makefile and "PY := $(VENV)/bin/python\n" in makefile
     assert "$(PY) -m pip install -q -e '.[" in makefile  # the project itself, with its console script
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["tieaudit"] == "tieaudit.cli.main:main"
+    assert scripts["tieaudit"] == "tieaudit.cli.launch:main"
     assert "tieaudit: command not found" not in README.read_text()
 
 

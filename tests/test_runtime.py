@@ -180,7 +180,7 @@ def test_runtime_findings_helper_tie_vs_untied_vs_stored_copy(tmp_path: Path, co
         "transposed",
         EMBEDDING.nbytes,
     )
-    assert finding.fix is not None and "session.disable_prepacking" in finding.fix
+    assert finding.fix is not None and "session.disable_prepacking" in str(finding.fix)
     assert runtime_findings(str(untied_lm(tmp_path / "untied.onnx"))) == []
     # A copy stored in the file (TorchScript's E.T) is TIE001's business, not a runtime duplicate;
     # so is E_copy when ORT folds Transpose(E_copy) into a new initializer and drops E_copy.

@@ -1,6 +1,6 @@
 """``python -m tieaudit``: the same command line as the ``tieaudit`` script."""
 
-from tieaudit.cli.main import main
+from tieaudit.cli.launch import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

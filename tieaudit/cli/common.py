@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import click
@@ -14,6 +15,7 @@ import click
 from tieaudit.core.errors import OUT_OF_MEMORY, TieauditError
 from tieaudit.core.escape import printable
 from tieaudit.core.exit_codes import ExitCode
+from tieaudit.core.interrupts import Interrupted, exit_status, interrupted_line, process_signal
 from tieaudit.core.units import parse_size
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -119,13 +121,45 @@ def _input_of(arguments: dict[str, Any]) -> str:
 def from_cache(path: str, *, verb: str = "audited") -> str:
     """PATH, or the Hugging Face cache snapshot it names as a repository id (with a note saying
     which); an id the cache lacks is an InputError."""
+    resolved, note = cached_input(path, verb=verb)
+    if note is not None:
+        echo_note(note)
+    return resolved
+
+
+def cached_input(path: str, *, verb: str) -> tuple[str, str | None]:
+    """``from_cache`` without printing: PATH or its cache snapshot, and the note to print, if any."""
     from tieaudit.formats.hf_cache import cache_note, cached_argument
 
     snapshot = cached_argument(path)
     if snapshot is None:
-        return path
-    echo_note(cache_note(path, snapshot, verb=verb))
-    return snapshot.folder
+        return path, None
+    return snapshot.folder, cache_note(path, snapshot, verb=verb)
+
+
+@contextlib.contextmanager
+def runs_code_first(path: str, cache_note: str | None) -> Iterator[None]:
+    """retie's and convert's run (the block) with what IN's pickle runs when loaded (TIE010) said
+    before anything else: as the first line when the run goes on (the cache note, if any, after
+    it), at the front of its one error line when it stops (bad input stays one line)."""
+    from tieaudit.repair.runs_code import runs_code_warning
+
+    warning = runs_code_warning(path)
+    if warning is None:
+        if cache_note is not None:
+            echo_note(cache_note)
+        yield
+        return
+    try:
+        yield
+    except TieauditError as exc:
+        exc.message = f"{warning}; {exc.message}"
+        raise
+    except click.UsageError as exc:
+        raise click.UsageError(f"{path}: {warning}; {exc.format_message()}", exc.ctx) from None
+    echo_warning(f"{path}: {warning}")
+    if cache_note is not None:
+        echo_note(cache_note)
 
 
 STDOUT = "-"
@@ -230,3 +264,37 @@ class SizeParam(click.ParamType[int]):
                 f"{value!r} is less than {self.minimum} byte{'s' if self.minimum != 1 else ''}", param, ctx
             )
         return size
+
+
+def exit_code_of(exc: BaseException) -> int:
+    """What main does with an exception a command raised: one line (a traceback for a bug) and the
+    exit code. A signal ends the run as interrupted (130, 143), also when a library turned the
+    Interrupted it raised into an error of its own (torch: a RuntimeError)."""
+    signum = exc.signum if isinstance(exc, Interrupted) else process_signal()
+    if signum is not None:
+        click.echo(interrupted_line(signum), err=True)
+        return exit_status(signum)
+    if isinstance(exc, click.UsageError):
+        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+        echo_error(f"{exc.format_message()}{hint}")
+        return ExitCode.BAD_INPUT
+    if isinstance(exc, click.ClickException):
+        exc.show()
+        return ExitCode.BAD_INPUT if exc.exit_code == 1 else exc.exit_code  # click's UsageError is 2 already
+    if isinstance(exc, click.Abort):
+        click.echo("tieaudit: aborted", err=True)
+        return ExitCode.BAD_INPUT
+    if isinstance(exc, MemoryError):  # outside a command's own handling (click, the report): not a bug
+        echo_error(OUT_OF_MEMORY)
+        return ExitCode.BAD_INPUT
+    import traceback
+
+    traceback.print_exc()  # a TieauditError here was re-raised under --debug, for its traceback
+    if isinstance(exc, TieauditError):
+        echo_error(str(exc))
+        return ExitCode.BAD_INPUT
+    click.echo(
+        "tieaudit: internal error: this is a bug in tieaudit; please report it with the traceback above",
+        err=True,
+    )
+    return ExitCode.INTERNAL_ERROR

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tieaudit.cli.common import from_cache, user_errors
+from tieaudit.cli.common import cached_input, runs_code_first, user_errors
 
 
 @click.command()
@@ -51,7 +51,9 @@ def convert(source: str, out: str | None, dry_run: bool) -> None:
     from tieaudit.load import convert_checkpoint
     from tieaudit.report.convert_text import render_convert
 
-    result = convert_checkpoint(from_cache(source, verb="read"), out, dry_run=dry_run)
+    source, cache_note = cached_input(source, verb="read")
+    with runs_code_first(source, cache_note):  # whoever has IN may load it another way: said first
+        result = convert_checkpoint(source, out, dry_run=dry_run)
     for note in result.notes:
         click.echo(f"tieaudit: note: {note}", err=True)
     click.echo(render_convert(result), nl=False, err=not dry_run)

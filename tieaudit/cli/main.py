@@ -20,6 +20,7 @@ from tieaudit.cli.common import (
     echo_error,
     echo_note,
     echo_warning,
+    exit_code_of,
     from_cache,
     output_options,
     report_width,
@@ -27,8 +28,9 @@ from tieaudit.cli.common import (
     user_errors,
     write_output,
 )
-from tieaudit.core.errors import OUT_OF_MEMORY, TieauditError
 from tieaudit.core.exit_codes import ExitCode
+from tieaudit.core.interrupts import Interrupted, process_signal
+from tieaudit.core.shell import tieaudit_command
 from tieaudit.core.units import agree, plural
 from tieaudit.core.version import __version__
 from tieaudit.gate.executors import CONNECT_TIMEOUT_S
@@ -90,7 +92,8 @@ def inspect(path: str, fmt: InspectFormat, output: str | None) -> None:
     write_output(render(audit, fmt, color=use_color(output), width=report_width(output)), output)
     if others:
         count = plural(len(others), "other checkpoint")
-        echo_note(f"{count} in {path} {agree(len(others), 'is')} audited by `tieaudit check {path}`")
+        command = tieaudit_command("check", path)
+        echo_note(f"{count} in {path} {agree(len(others), 'is')} audited by `{command}`")
 
 
 def _not_one_model(path: str, checkpoints: tuple[str, ...]) -> None:
@@ -100,7 +103,8 @@ def _not_one_model(path: str, checkpoints: tuple[str, ...]) -> None:
         echo_error(f"{path}: no weights found: not one model ({why}), and no checkpoint under it")
     else:
         count = plural(len(checkpoints), "checkpoint")
-        echo_error(f"{path}: not one model ({why}); `tieaudit check {path}` audits the {count} under it:")
+        command = tieaudit_command("check", path)
+        echo_error(f"{path}: not one model ({why}); `{command}` audits the {count} under it:")
         for checkpoint in checkpoints:
             echo_note(f"  {checkpoint}")
     raise click.exceptions.Exit(ExitCode.BAD_INPUT)
@@ -163,7 +167,7 @@ def _not_one_model(path: str, checkpoints: tuple[str, ...]) -> None:
 )
 @click.option(
     "--connect-timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=float,
     default=CONNECT_TIMEOUT_S,
     show_default=True,
     metavar="SECONDS",
@@ -351,43 +355,22 @@ def _quiet_warnings(argv: list[str] | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console-script entry point."""
+    """Console-script entry point (cli.launch guards signals first)."""
     _quiet_warnings(argv)
     try:
         # standalone_mode=False: click returns an Exit's code instead of calling sys.exit.
         code = cli.main(args=argv, prog_name="tieaudit", standalone_mode=False)
-        return code if isinstance(code, int) else ExitCode.OK
+        code = code if isinstance(code, int) else ExitCode.OK
     except click.exceptions.Exit as exc:
-        return int(exc.exit_code)
-    except click.UsageError as exc:
-        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
-        echo_error(f"{exc.format_message()}{hint}")
-        return ExitCode.BAD_INPUT
-    except click.ClickException as exc:
-        exc.show()
-        return ExitCode.BAD_INPUT if exc.exit_code == 1 else exc.exit_code  # click's UsageError is 2 already
-    except click.Abort:
-        click.echo("tieaudit: aborted", err=True)
-        return ExitCode.BAD_INPUT
-    except TieauditError as exc:  # re-raised under --debug for its traceback: still bad input
-        import traceback
-
-        traceback.print_exc()
-        echo_error(str(exc))
-        return ExitCode.BAD_INPUT
-    except MemoryError:  # outside a command's own handling (click, the report): still not a bug
-        echo_error(OUT_OF_MEMORY)
-        return ExitCode.BAD_INPUT
-    except Exception:  # a tieaudit bug, not bad input: keep the traceback for the report
-        import traceback
-
-        traceback.print_exc()
-        click.echo(
-            "tieaudit: internal error: this is a bug in tieaudit; please report it with the traceback above",
-            err=True,
-        )
-        return ExitCode.INTERNAL_ERROR
+        code = int(exc.exit_code)
+    except (Exception, Interrupted) as exc:
+        return exit_code_of(exc)
+    signum = process_signal()  # caught, and swallowed on the way by a library: the run was interrupted
+    return code if signum is None else exit_code_of(Interrupted(signum))
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # python -m tieaudit.cli.main: as cli.launch, once the imports are done
+    from tieaudit.core.interrupts import guard_process
+
+    guard_process()
     sys.exit(main())

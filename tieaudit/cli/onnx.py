@@ -82,7 +82,7 @@ def dim_option(help_text: str) -> Callable[[F], F]:
 )
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=float,
     default=300.0,
     show_default=True,
     help="Seconds one configuration may take (session creation, runs, optimized model) before it is killed.",
@@ -207,14 +207,14 @@ def runtime(
 @dim_option(EXPORT_DIM_HELP)
 @click.option(
     "--atol",
-    type=click.FloatRange(min=0),
+    type=float,
     default=1e-4,
     show_default=True,
     help="Largest |ONNX Runtime - torch| accepted on the example inputs.",
 )
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=float,
     default=300.0,
     show_default=True,
     help="Seconds the runtime check's ONNX Runtime subprocess may take.",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tieaudit.cli.common import SizeParam, from_cache, user_errors
+from tieaudit.cli.common import SizeParam, cached_input, runs_code_first, user_errors
 from tieaudit.graph import DEFAULT_MIN_BYTES
 from tieaudit.repair.publish import BACKUP_SUFFIX
 
@@ -137,22 +137,23 @@ def retie(
     from tieaudit.repair.retie import retie as run_retie
     from tieaudit.report.plan import render_plan
 
-    given, source = source, from_cache(source, verb="read")
-    if in_place and source != given:
-        raise click.UsageError(
-            f"--in-place would rewrite the Hugging Face cache's {given}; give an OUT outside it"
+    given, (source, cache_note) = source, cached_input(source, verb="read")
+    with runs_code_first(source, cache_note):  # whoever has IN may load it another way: said first
+        if in_place and source != given:
+            raise click.UsageError(
+                f"--in-place would rewrite the Hugging Face cache's {given}; give an OUT outside it"
+            )
+        result = run_retie(
+            source,
+            out,
+            relations=_relations(relations),
+            keep=keep,
+            dry_run=dry_run,
+            in_place=in_place,
+            min_bytes=min_size,
+            all_equal=all_equal,
+            force_format=force_format,
         )
-    result = run_retie(
-        source,
-        out,
-        relations=_relations(relations),
-        keep=keep,
-        dry_run=dry_run,
-        in_place=in_place,
-        min_bytes=min_size,
-        all_equal=all_equal,
-        force_format=force_format,
-    )
     for note in result.notes:
         click.echo(f"tieaudit: note: {note}", err=True)
     click.echo(render_plan(result), nl=False, err=not dry_run)

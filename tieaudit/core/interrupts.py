@@ -4,20 +4,29 @@
 at its end). The first signal raises ``Interrupted`` where the block is, so its ``finally``
 clauses remove what it made; further signals, and any arriving inside ``guard.deferred()``
 (publishing, cleaning up), are held and never cut that work short. Once the handlers are
-restored the signal is delivered again, so the process ends as it would have without the guard:
-SIGTERM by its default action, SIGINT as KeyboardInterrupt.
+restored the signal is delivered again to the handler that was there before.
+
+The command-line process installs one more guard before it imports anything (``guard_process``,
+from ``cli.launch``): the first signal anywhere in the run, or the one a block's guard delivers,
+raises ``Interrupted`` once; the entry point turns it into one line and exit ``exit_status``
+(130 for SIGINT, 143 for SIGTERM), and every later signal is held. Without it (tieaudit used as a
+library) the previous handlers act as always: SIGTERM by its default action, SIGINT as
+KeyboardInterrupt.
 """
 
 from __future__ import annotations
 
 import itertools
 import signal
+import sys
 import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _POOLS = itertools.count()  # a distinct thread-name prefix per pool
@@ -26,9 +35,11 @@ _POOLS = itertools.count()  # a distinct thread-name prefix per pool
 class Interrupted(BaseException):
     """A guarded signal arrived; unwinding removes what the block made."""
 
-    def __init__(self, signum: int) -> None:
+    def __init__(self, signum: int, guard: SignalGuard | None = None) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+        self.guard = guard
+        """The guard that raised it (to raise it again where one could not propagate)."""
 
 
 class SignalGuard:
@@ -38,6 +49,7 @@ class SignalGuard:
         self.caught: int | None = None
         self._raised = False
         self._deferring = 0
+        self._held = False
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         """The handler: raise once, outside deferred work; remember everything else."""
@@ -46,9 +58,31 @@ class SignalGuard:
         self._raise_pending()
 
     def _raise_pending(self) -> None:
-        if self.caught is not None and not self._raised and not self._deferring:
+        if self.caught is not None and not self._raised and not self._deferring and not self._held:
             self._raised = True
-            raise Interrupted(self.caught)
+            raise Interrupted(self.caught, self)
+
+    def check(self) -> None:
+        """Raise Interrupted if a signal was caught, also one raised before that something swallowed
+        (a library's bare ``except:`` around an import): called where work would become visible."""
+        if self.caught is not None and not self._deferring:
+            self._raised = True
+            raise Interrupted(self.caught, self)
+
+    def rearm(self) -> None:
+        """The Interrupted this guard raised was lost (Python could only report it, in a ``__del__``
+        or a callback): raise it again at the next instruction of the main thread."""
+        if self._raised and not self._held and self.caught is not None:
+            self._raised = False
+            signal.raise_signal(self.caught)
+
+    def hold(self) -> None:
+        """The run is over: every signal from now on is ignored, also while the interpreter shuts
+        down (which puts its default action back under a Python handler, not under SIG_IGN)."""
+        self._held = True
+        for number in SIGNALS:
+            if signal.getsignal(number) == self.handle:
+                signal.signal(number, signal.SIG_IGN)
 
     @contextmanager
     def deferred(self) -> Iterator[None]:
@@ -59,6 +93,51 @@ class SignalGuard:
         finally:
             self._deferring -= 1
         self._raise_pending()
+
+
+def exit_status(signum: int) -> int:
+    """A run a signal ended exits with 128 + its number, as a shell reports it (130, 143)."""
+    return 128 + signum
+
+
+def interrupted_line(signum: int) -> str:
+    """The one line a run a signal ended prints (its temporary files are already removed)."""
+    return f"tieaudit: interrupted by {signal.Signals(signum).name}; nothing half-written was left"
+
+
+_PROCESS: list[SignalGuard] = []
+"""The process guard, once ``guard_process`` installed it."""
+
+
+def guard_process() -> SignalGuard:
+    """The command-line process's guard, installed for good before anything else runs: the first
+    SIGINT or SIGTERM raises Interrupted where the run is (the main thread), later ones are held
+    (``SignalGuard.hold`` once the run is over holds every one). An ignored signal stays ignored.
+    An Interrupted that cannot propagate (raised in a ``__del__`` or a callback, where Python only
+    reports it) is not lost: the guard is armed again and the signal raised anew."""
+    guard = SignalGuard()
+    for number in SIGNALS:
+        handler = signal.getsignal(number)
+        if handler is not signal.SIG_IGN and handler is not None:
+            signal.signal(number, guard.handle)
+    _PROCESS[:] = [guard]
+    report = sys.unraisablehook
+
+    def raise_again(unraisable: Any) -> None:
+        lost = unraisable.exc_value
+        if not isinstance(lost, Interrupted):
+            report(unraisable)
+        elif lost.guard is not None:
+            lost.guard.rearm()
+
+    sys.unraisablehook = raise_again
+    return guard
+
+
+def process_signal() -> int | None:
+    """The signal the process guard caught, if any: an error raised after it is its consequence
+    (a library turned Interrupted into its own exception), and the run ends as interrupted."""
+    return _PROCESS[0].caught if _PROCESS else None
 
 
 def _deliver(signum: int, previous: Any) -> None:
@@ -74,6 +153,8 @@ def signals_guarded() -> Iterator[SignalGuard]:
     """Handlers for SIGINT and SIGTERM for the block's duration (main thread only; an ignored signal
     stays ignored). After the block: previous handlers back, then the caught signal delivered; if
     that returns (a handler that does not end the run), Interrupted is raised to the caller."""
+    if _PROCESS:
+        _PROCESS[0].check()  # a signal the run swallowed before this block: it never starts
     guard = SignalGuard()
     if threading.current_thread() is not threading.main_thread():
         yield guard  # handlers can only be installed from the main thread
@@ -86,9 +167,15 @@ def signals_guarded() -> Iterator[SignalGuard]:
             signal.signal(number, guard.handle)
     try:
         yield guard
-    except Interrupted:
-        pass  # delivered below, once the previous handlers are back
+    except BaseException:
+        # A signal arrived: the block was interrupted, whatever Interrupted became on its way out
+        # (torch turns an exception raised in its writer into RuntimeError). Delivered below.
+        if guard.caught is None:
+            raise
     finally:
+        owner = getattr(previous.get(guard.caught or 0), "__self__", None)
+        if isinstance(owner, SignalGuard) and owner.caught is None:
+            owner.caught = guard.caught  # the process's first signal is this one, whatever comes next
         for restored, earlier in previous.items():
             signal.signal(restored, earlier)
     if guard.caught is not None:
@@ -104,6 +191,8 @@ def worker_pool(workers: int, name: str) -> Iterator[ThreadPoolExecutor]:
     A signal raised while the pool starts a worker leaves that thread out of the pool's own list,
     so every live thread named with the pool's prefix is joined as well.
     """
+    from concurrent.futures import ThreadPoolExecutor  # here: cli.launch imports this module first thing
+
     prefix = f"tieaudit-{name}-{next(_POOLS)}"
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=prefix)
     try:

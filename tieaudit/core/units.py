@@ -1,9 +1,13 @@
 """Human-readable sizes, both ways: 1536 -> '1.5 KiB', and '4GiB' / '512MB' / '1048576' -> bytes;
-and counts with the noun agreeing: plural(1, 'error') -> '1 error', plural(2, 'copy') -> '2 copies'."""
+counts with the noun agreeing: plural(1, 'error') -> '1 error', plural(2, 'copy') -> '2 copies'; and
+the numbers options take checked (no NaN, no infinity: ``checked_seconds``, ``checked_tolerance``)."""
 
 from __future__ import annotations
 
+import math
 import re
+
+from tieaudit.core.errors import UsageError
 
 SIZE_UNITS = {
     "": 1,
@@ -20,6 +24,9 @@ SIZE_UNITS = {
 """Suffixes parse_size accepts (any letter case): decimal kB/MB/GB/TB, binary KiB/MiB/GiB/TiB, B or none."""
 MAX_SIZE_TEXT = 64
 """Characters of a size argument: '1099511627776' is 13; anything longer is not a size someone typed."""
+MAX_SECONDS = 86_400.0
+"""Longest wait an option accepts (--connect-timeout, --timeout): a day. Longer, or infinite, or NaN
+(which compares false with everything, so no deadline is ever reached) is a typo, not a plan."""
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]*)")
 _AMBIGUOUS = {"k": "kB", "m": "MB", "g": "GB", "t": "TB"}
 
@@ -59,6 +66,22 @@ def parse_size(text: str) -> int:
     scale = SIZE_UNITS[unit]
     parts = (int(fraction) * scale) // 10 ** len(fraction) if fraction else 0
     return int(whole) * scale + parts
+
+
+def checked_seconds(seconds: float, option: str) -> float:
+    """seconds when it is a finite number above 0 and at most MAX_SECONDS; else UsageError naming
+    option (nan, inf, '1e400' which reads as inf, 0, negative)."""
+    if not math.isfinite(seconds) or not 0 < seconds <= MAX_SECONDS:
+        raise UsageError(f"{option} {seconds}: give a number of seconds above 0 and at most {MAX_SECONDS:g}")
+    return seconds
+
+
+def checked_tolerance(value: float, option: str) -> float:
+    """value when it is a finite number of at least 0; else UsageError naming option (a NaN tolerance
+    would accept every difference, as no comparison with it is true)."""
+    if not math.isfinite(value) or value < 0:
+        raise UsageError(f"{option} {value}: give a finite number of at least 0")
+    return value
 
 
 _IRREGULAR = {"is": "are", "was": "were", "has": "have", "this": "these", "that": "those", "it": "they"}

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from tieaudit.core.errors import InputError
 from tieaudit.core.escape import printable
 from tieaudit.core.limits import NotRegularFile, TooLarge, read_limited
+from tieaudit.core.shell import shell_command
 from tieaudit.formats.capabilities import FILE_SUFFIXES
 
 __all__ = [
@@ -132,7 +133,7 @@ def resolve(argument: str, cache: str | None = None) -> CacheSnapshot:
     if not os.path.isdir(repo_folder):
         raise InputError(
             f"no such file or folder, and not in {where} (tieaudit never downloads: "
-            f"`huggingface-cli download {repo_id}` fetches it)",
+            f"`{shell_command('huggingface-cli', 'download', repo_id)}` fetches it)",
             argument,
         )
     snapshots = os.path.join(repo_folder, "snapshots")
@@ -141,7 +142,7 @@ def resolve(argument: str, cache: str | None = None) -> CacheSnapshot:
     if "/" in commit or not os.path.isdir(folder):
         raise InputError(
             f"revision {revision} of {repo_id} is not in {where} (tieaudit never downloads: "
-            f"`huggingface-cli download {repo_id} --revision {revision}` fetches it)",
+            f"`{shell_command('huggingface-cli', 'download', repo_id, '--revision', revision)}` fetches it)",
             argument,
         )
     if not _inside(os.path.realpath(folder), os.path.realpath(repo_folder)):

@@ -43,14 +43,22 @@ def worker_version() -> str:
 
 
 @contextlib.contextmanager
-def connect(address: str, *, connect_timeout: float) -> Iterator[DaskExecutor]:
-    """A client of the Dask scheduler at address, its workers checked; closed on exit."""
+def connect(address: str, *, connect_timeout: float, where: str | None = None) -> Iterator[DaskExecutor]:
+    """A client of the Dask scheduler at address (checked by ``executors.scheduler_address``), its
+    workers checked; closed on exit. where: dask://ADDRESS as the user gave it, for messages."""
     require("check --executor dask://", ("dask", "distributed"), extra="dask")
     import distributed
+    from distributed.comm.addressing import get_address_host_port, parse_address
+    from distributed.comm.registry import get_backend
 
     client_of: Any = distributed.Client  # partly typed: used as Any, like the other optional libraries
     full = address if "://" in address else f"tcp://{address}"
-    where = f"dask://{address}"
+    where = where or f"dask://{address}"
+    try:  # Dask's own parsing first: a Client that fails to parse leaves a noisy __del__ behind
+        get_backend(parse_address(full)[0])
+        get_address_host_port(full)
+    except (ValueError, TypeError, NotImplementedError) as exc:
+        raise ClusterError(f"{where}: not an address Dask can use ({one_line(exc, 200)})") from None
     try:
         client = client_of(full, timeout=connect_timeout, set_as_default=False)
     except (OSError, ValueError, TypeError) as exc:  # timed out, refused, or no address at all

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import ipaddress
 import multiprocessing
 import os
+import re
 import signal
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -16,6 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tieaudit.core.errors import UsageError
+from tieaudit.core.escape import printable, quoted
+from tieaudit.core.units import checked_seconds
 from tieaudit.gate.discover import PathError
 from tieaudit.gate.progress import ProgressBar
 from tieaudit.gate.tasks import Executor, Outcomes, Work, audit_chunk, audit_one
@@ -33,6 +37,13 @@ SCHEMES = "local, dask://HOST:PORT (or dask://tcp://HOST:PORT, dask://tls://...)
 """The --executor values, for the refusal of any other."""
 CONNECT_TIMEOUT_S = 10.0
 """How long reaching a Dask scheduler may take before check gives up (--connect-timeout)."""
+MAX_SCHEDULER_ADDRESS = 300
+"""Longest dask:// address accepted: a DNS name is at most 253 characters; with a protocol, IPv6
+brackets and a port an address stays under 300."""
+PROTOCOLS = ("tcp", "tls", "ws", "wss")
+"""The protocols a dask:// address may name (Dask's comm backends that reach another machine)."""
+_HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9_-]{1,63}(?<!-))*\.?")
+_PORT = re.compile(r"[0-9]{1,5}")
 DIED = "the audit process died before finishing (out of memory?)"
 
 
@@ -60,6 +71,50 @@ def default_jobs() -> int:
     return os.cpu_count() or 1
 
 
+def _shown(text: str, limit: int = 80) -> str:
+    """text of an argument for a one-line message: escaped, and cut after limit characters."""
+    return printable(text[:limit]) + ("..." if len(text) > limit else "")
+
+
+def _valid_host(host: str) -> bool:
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            return isinstance(ipaddress.ip_address(host[1:-1]), ipaddress.IPv6Address)
+        except ValueError:
+            return False
+    return len(host) <= 253 and _HOSTNAME.fullmatch(host) is not None
+
+
+def scheduler_address(url: str) -> str:
+    """The Dask scheduler address of ``dask://[PROTOCOL://]HOST:PORT`` (tcp://HOST:PORT when no
+    protocol is named), checked before anything connects: a known protocol, a host name, IPv4 or
+    bracketed IPv6 address, and a port from 1 to 65535; else UsageError saying which part is wrong."""
+    shown = f"--executor {_shown(url)}"
+    address = url.removeprefix("dask://")
+    if address == url or not address:
+        raise UsageError(f"{shown}: not an executor tieaudit has; use {SCHEMES}")
+    if len(address) > MAX_SCHEDULER_ADDRESS:
+        limit = MAX_SCHEDULER_ADDRESS
+        raise UsageError(f"{shown}: the address is longer than {limit} characters (MAX_SCHEDULER_ADDRESS)")
+    protocol, found, rest = address.partition("://")
+    if not found:
+        protocol, rest = "tcp", address
+    if protocol not in PROTOCOLS:
+        raise UsageError(f"{shown}: unknown protocol {quoted(protocol, 20)} (known: {', '.join(PROTOCOLS)})")
+    if rest.startswith("["):  # [IPv6]:PORT: the address itself holds colons
+        inside, bracket, tail = rest[1:].partition("]")
+        if not bracket:
+            raise UsageError(f"{shown}: an IPv6 address needs its closing ']' (as in [::1]:8786)")
+        host, colon, port = f"[{inside}]", tail[:1], tail[1:]
+    else:
+        host, colon, port = rest.rpartition(":")
+    if colon != ":" or not _PORT.fullmatch(port) or not 1 <= int(port) <= 65535:
+        raise UsageError(f"{shown}: the address needs HOST:PORT with a port from 1 to 65535")
+    if not _valid_host(host):
+        raise UsageError(f"{shown}: {quoted(host, 80)} is not a host name, IPv4 or bracketed IPv6 address")
+    return f"{protocol}://{host}:{int(port)}"
+
+
 @contextlib.contextmanager
 def open_executor(
     url: str, *, jobs: int | None = None, connect_timeout: float = CONNECT_TIMEOUT_S
@@ -68,13 +123,13 @@ def open_executor(
     ``local``: this machine, in jobs processes (None: one per CPU). ``dask://ADDRESS``: the workers of
     the Dask scheduler at ADDRESS (HOST:PORT, or with its protocol: tcp://HOST:PORT, tls://...),
     reached within connect_timeout seconds; the cluster sets the parallelism, so jobs is ignored.
-    Anything else: UsageError naming the executors there are."""
+    Anything else, a malformed address or a connect_timeout that is no finite number of seconds above
+    0: UsageError, before anything is imported or connected."""
+    connect_timeout = checked_seconds(connect_timeout, "--connect-timeout")
     if url == "local":
         yield LocalExecutor(default_jobs() if jobs is None else jobs), ()
         return
-    address = url.removeprefix("dask://")
-    if address == url or not address:
-        raise UsageError(f"--executor {url}: not an executor tieaudit has; use {SCHEMES}")
+    address = scheduler_address(url)
     from tieaudit.gate.dask_executor import connect
 
     ignored: tuple[str, ...] = ()
@@ -82,7 +137,7 @@ def open_executor(
         ignored = (
             f"--jobs {jobs} is ignored with --executor {url}: its workers set how many audits run at once",
         )
-    with connect(address, connect_timeout=connect_timeout) as executor:
+    with connect(address, connect_timeout=connect_timeout, where=_shown(url)) as executor:
         yield executor, ignored
 
 

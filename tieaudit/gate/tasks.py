@@ -45,8 +45,8 @@ def _audit(path: str, policy: Policy) -> Audit | PathError:
 
 def _relative(outcome: Audit | PathError, prefix: str) -> Audit | PathError:
     """The outcome of auditing prefix + path as the audit of path in the folder prefix names it:
-    prefix dropped from every path it names (the checkpoint's, and in the findings' text: a fix's
-    retie command and its NAME-retied output, built from the path as given)."""
+    prefix dropped from every path it names (the checkpoint's, the findings' text, and the paths of a
+    fix's commands: their operands, rewritten as paths, never by editing the command's text)."""
     if isinstance(outcome, PathError):
         return PathError(
             path=outcome.path.replace(prefix, ""),
@@ -61,7 +61,7 @@ def _relative(outcome: Audit | PathError, prefix: str) -> Audit | PathError:
         dataclasses.replace(
             f,
             message=f.message.replace(prefix, ""),
-            fix=f.fix.replace(prefix, "") if f.fix is not None else None,
+            fix=f.fix.with_paths(lambda path: path.removeprefix(prefix)) if f.fix is not None else None,
             details={k: v.replace(prefix, "") if isinstance(v, str) else v for k, v in f.details.items()},
         )
         for f in outcome.findings

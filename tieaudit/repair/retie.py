@@ -258,6 +258,7 @@ def write_and_publish(
             syncing.result()
         output_bytes = sum(_size(os.path.join(stage, entry)) for entry in os.listdir(stage))
         before_rename(staged)
+        guard.check()  # a signal caught, even one a library swallowed: nothing is published
         with guard.deferred():  # a signal now waits until OUT (or IN and its backup) is whole
             if paths.backup is None:
                 publish(stage, out=paths.out, out_given=paths.out_given)

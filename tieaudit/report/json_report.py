@@ -28,7 +28,7 @@ def finding_dict(finding: Finding) -> dict[str, Any]:
         "relation": finding.relation,
         "wasted_bytes": finding.wasted_bytes,
         "message": finding.message,
-        "fix": finding.fix,
+        "fix": None if finding.fix is None else str(finding.fix),
         **({"details": dict(finding.details)} if finding.details else {}),
     }
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 
 from tieaudit.core.escape import printable
+from tieaudit.core.shell import Advice, Command
 from tieaudit.core.units import human_bytes
 from tieaudit.gate.check import Checked, CheckResult
 from tieaudit.gate.files import skipped_by_reason
@@ -55,6 +56,13 @@ def md_code(text: str, *, in_table: bool = False) -> str:
     if in_table:
         content = content.replace("|", "\\|")
     return f"{fence}{content}{fence}"
+
+
+def md_fix(fix: Advice) -> str:
+    """A fix in a table cell: its text escaped, each command a code span, so that what GitHub shows
+    (and copies) is the command exactly, with no zero-width space after an '@' or '#' in a path."""
+    shown = (md_code(str(p), in_table=True) if isinstance(p, Command) else md_text(p) for p in fix.parts)
+    return "".join(shown)
 
 
 def _row(cells: list[str]) -> str:
@@ -95,7 +103,7 @@ def _findings_table(checked: Checked) -> list[str]:
                     finding.relation or "",
                     human_bytes(finding.wasted_bytes) if finding.wasted_bytes else "",
                     md_text(finding.message),
-                    md_text(finding.fix) if finding.fix else "",
+                    md_fix(finding.fix) if finding.fix else "",
                 ]
             )
         )

@@ -134,9 +134,7 @@ def _findings_table(audit: Audit) -> Grid:
                 Text(finding.severity, style=_SEVERITY_STYLE[finding.severity]),
                 cells(finding.names),
                 human_bytes(finding.wasted_bytes) if finding.wasted_bytes else "",
-                Text("\n").join(
-                    [cell(finding.message), *([cell(f"fix: {finding.fix}")] if finding.fix else [])]
-                ),
+                cell(finding.message),
             )
         )
     return table
@@ -190,6 +188,9 @@ def render_text(audit: Audit, color: bool = False, width: int = DEFAULT_WIDTH) -
         console.print(laid_out(_ties_table(audit), width))
     if audit.findings:
         console.print(laid_out(_findings_table(audit), width))
+        for finding in audit.findings:  # below the table, unfolded: a command pasted as shown runs as shown
+            if finding.fix:
+                console.print(cell(f"{finding.rule} fix: {finding.fix}"), highlight=False, soft_wrap=True)
     else:
         console.print("No findings.")
     table, hidden = _tensors_table(audit)

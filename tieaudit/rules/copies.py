@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 from tieaudit.core.components import Components
 from tieaudit.core.records import Checkpoint, Format
+from tieaudit.core.shell import Advice, advice, tieaudit_command
 from tieaudit.core.units import human_bytes
 from tieaudit.formats.capabilities import DEFAULT_RELATIONS, REPRESENTABLE, retied_name
 from tieaudit.formats.gguf_heads import RECONVERT
@@ -36,25 +37,29 @@ def retied_path(path: str, format: Format) -> str:
     return os.path.join(os.curdir, name)
 
 
-def _fix(ckpt: Checkpoint, relations: set[str]) -> str:
-    """The retie command for these copies, with --relations only where the format needs it."""
+def _fix(ckpt: Checkpoint, relations: set[str], *, restored: bool, locked: str) -> Advice:
+    """The retie command for these copies, with --relations only where the format needs it, and
+    --all-equal where the format's loader would not restore them (restored false; locked: why the
+    tie flag may not be set, which makes the advice to keep them instead)."""
     if ckpt.format == "gguf":
-        return RECONVERT
+        return advice(RECONVERT)
     missing = sorted(relations - REPRESENTABLE[ckpt.format])
     if missing:
-        return (
+        return advice(
             f"a {ckpt.format} file cannot record a {' or '.join(missing)} copy; "
             "derive it from the wider tensor on load"
         )
     out = retied_path(ckpt.path, ckpt.format)
     extra = sorted(relations - DEFAULT_RELATIONS[ckpt.format])
-    option = (
-        f" --relations {','.join(sorted(set(DEFAULT_RELATIONS[ckpt.format]) | set(extra)))}" if extra else ""
-    )
-    command = f"tieaudit retie {ckpt.path} {out}{option}"
+    relations_option = ",".join(sorted(set(DEFAULT_RELATIONS[ckpt.format]) | set(extra)))
+    options = ("--relations", relations_option) if extra else ()
     if any(g.verdict != "allowed" for g in ckpt.pickle_globals):
-        return f"save the tensors without the pickled objects (see pickle_globals), then {command}"
-    return command
+        command = tieaudit_command("retie", ckpt.path, out, options=options)
+        return advice("save the tensors without the pickled objects (see pickle_globals), then ", command)
+    if not restored and locked:
+        return advice(f"keep them: {locked}")
+    all_equal = () if restored else ("--all-equal",)
+    return advice(tieaudit_command("retie", ckpt.path, out, options=(*options, *all_equal)))
 
 
 _WHAT = {"equal": "the same bytes as", "transposed": "the transpose of", "cast": "a lower-precision cast of"}
@@ -106,11 +111,9 @@ def copy_findings(audited: Audited) -> Iterator[Finding]:
             note = " The config declares them tied, but they are stored as separate tensors."
         else:
             note = ""
-        fix = _fix(ckpt, {m.relation for m in group.members})
         restored = rule is None or any(rule.accepts(a, b) for a in group.names for b in group.names if a != b)
-        if fix.startswith("tieaudit retie") and not restored:
-            locked = rule.flag_locked if rule is not None else ""
-            fix = f"keep them: {locked}" if locked else fix + " --all-equal"
+        locked = rule.flag_locked if rule is not None else ""
+        fix = _fix(ckpt, {m.relation for m in group.members}, restored=restored, locked=locked)
         yield UNTIED_COPY.finding(
             group.names,
             f"{'; '.join(parts)} in separate storage ({human_bytes(group.wasted_bytes)} wasted): "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from tieaudit.core.shell import advice, tieaudit_command
 from tieaudit.rules.finding import Audited, Finding, Rule
 
 
@@ -33,7 +34,7 @@ def expected_findings(audited: Audited) -> Iterator[Finding]:
             (tie.dropped, tie.kept),
             f"the policy ({tie.where}) requires {tie.dropped} tied to {tie.kept}, but "
             f"{_missing_because(tie.dropped, tie.kept, target, source=source)}.",
-            fix=f"tieaudit retie {ckpt.path} OUT" if target and source else None,
+            fix=advice(tieaudit_command("retie", ckpt.path, "OUT")) if target and source else None,
         )
 
 

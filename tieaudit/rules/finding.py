@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from tieaudit.core.bytestore import OpenCheckpoint
+from tieaudit.core.shell import Advice
 from tieaudit.graph.alias import AliasGraph
 from tieaudit.graph.detect import CopyGroup
 
@@ -42,8 +43,9 @@ class Finding:
     """equal, transposed or cast for copies; None where not a copy."""
     wasted_bytes: int = 0
     """Bytes a fix would save."""
-    fix: str | None = None
-    """The command or change that fixes it."""
+    fix: Advice | None = None
+    """The command or change that fixes it: text and commands kept as argv (``core.shell``), so that
+    what is shown runs exactly that command whatever the files are called."""
     details: Mapping[str, object] = field(default_factory=dict)
     """Extra measured facts (max_abs_diff, differing_fraction, ...)."""
 
@@ -96,10 +98,11 @@ class Rule:
         severity: Severity | None = None,
         relation: str | None = None,
         wasted_bytes: int = 0,
-        fix: str | None = None,
+        fix: Advice | str | None = None,
         details: Mapping[str, object] | None = None,
     ) -> Finding:
-        """A finding of this rule (at its default severity unless given)."""
+        """A finding of this rule (at its default severity unless given). A fix given as text is
+        prose (Advice refuses a tieaudit command written into it: commands are ``core.shell.Command``)."""
         return Finding(
             rule=self.id,
             kind=self.kind,
@@ -108,6 +111,6 @@ class Rule:
             message=message,
             relation=relation,
             wasted_bytes=wasted_bytes,
-            fix=fix,
+            fix=Advice((fix,)) if isinstance(fix, str) else fix,
             details=details or {},
         )

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tieaudit.core.records import Checkpoint
+from tieaudit.core.shell import advice, tieaudit_command
 from tieaudit.core.training import OptimizerRecord, ParamKey
 from tieaudit.graph.optimizer_map import OptimizerMap, Shape
 from tieaudit.rules.copies import group_relation
@@ -111,7 +112,8 @@ def _split(audited: Audited, omap: OptimizerMap, tie: TieSet, *, keys: tuple[Par
         )
     fix = None
     if tie.kind == "copy" and ckpt.format == "torch":
-        fix = f"tieaudit retie {ckpt.path} OUT (keeps one optimizer state; --keep NAME chooses whose)"
+        retie = tieaudit_command("retie", ckpt.path, "OUT")
+        fix = advice(retie, " (keeps one optimizer state; --keep NAME chooses whose)")
     return SPLIT.finding(
         names,
         f"{joined} {tie.why}, and {entries}: resumed training updates them apart.",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from tieaudit.core.shell import advice, tieaudit_command
 from tieaudit.core.units import human_bytes
 from tieaudit.rules.finding import Audited, Finding, Rule
 
@@ -24,7 +25,9 @@ def cap_findings(audited: Audited) -> Iterator[Finding]:
         names,
         f"copies waste {human_bytes(wasted)} ({wasted} bytes), more than the policy's "
         f"max-wasted-bytes of {human_bytes(cap)} ({cap} bytes).",
-        fix=f"re-tie the copies (tieaudit retie {path} OUT) or raise max-wasted-bytes",
+        fix=advice(
+            "re-tie the copies (", tieaudit_command("retie", path, "OUT"), ") or raise max-wasted-bytes"
+        ),
         details={"wasted_bytes": wasted, "max_wasted_bytes": cap},
     )
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from tieaudit.core.errors import TieauditError, UsageError, one_line
+from tieaudit.core.units import checked_seconds, checked_tolerance
 from tieaudit.graph.detect import ALL_RELATIONS, CopyGroup
 from tieaudit.repair.plan import Decision
 from tieaudit.rules.finding import Finding
@@ -261,6 +262,8 @@ def export_model(
     A model exported as several files (a seq2seq LM) is written into the folder out."""
     from tieaudit.repair.publish import publish, resolve
 
+    atol = checked_tolerance(atol, "--atol")
+    runtime_timeout = checked_seconds(runtime_timeout, "--timeout")
     _check_out(out)
     require_export(source)
     loaded = load_source(source, dims or {})

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field, replace
 from tieaudit.core.errors import TieauditError, UsageError
 from tieaudit.core.exit_codes import ExitCode
 from tieaudit.core.extras import require
-from tieaudit.core.units import human_bytes
+from tieaudit.core.shell import Advice, advice, tieaudit_command
+from tieaudit.core.units import checked_seconds, human_bytes
 from tieaudit.rules.finding import SEVERITY_RANK, Finding, Severity
 from tieaudit.rules.runtime_duplicate import RUNTIME_DUPLICATE
 from tieaudit.runtime.graph import InputSpec, ModelFacts, StaticView, analyse_optimized, read_model
@@ -196,7 +197,7 @@ def _recommend(results: Sequence[ConfigResult], fold_limit: int, path: str) -> R
 
 
 def duplicate_findings(
-    config: str, static: StaticView, fix: str | None, *, measured_excess: int | None = None
+    config: str, static: StaticView, fix: Advice | None, *, measured_excess: int | None = None
 ) -> list[Finding]:
     """TIE005 for each copy ORT holds under config."""
     findings = []
@@ -255,6 +256,7 @@ def measure_runtime(
 
     memory_limit: bytes each probe may use (default: default_memory_limit of the model).
     """
+    timeout = checked_seconds(timeout, "--timeout")
     names = list(dict.fromkeys(configs or CONFIGS))
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
@@ -284,7 +286,7 @@ def measure_runtime(
     gated = ("default",) if "default" in names else tuple(names)
     recommendation = _recommend(results, fold_limit, path)
     fix = (
-        "create the session with " + "; ".join(recommendation.python[2:-1])
+        advice("create the session with " + "; ".join(recommendation.python[2:-1]))
         if recommendation and recommendation.config != "default"
         else None
     )
@@ -347,7 +349,7 @@ def runtime_findings(
     if result.error is not None or result.static is None:
         raise ProbeError(result.error or "no static view", path)
     shown = shown_path or path
-    fix = "create the session with " + "; ".join(CONFIGS["both_off"].python(fold_limit, shown)[2:-1])
-    return duplicate_findings(
-        "default", result.static, fix + f" (tieaudit runtime {shown} measures the cost)"
-    )
+    options = "; ".join(CONFIGS["both_off"].python(fold_limit, shown)[2:-1])  # the lines without the path
+    measures = tieaudit_command("runtime", shown)
+    fix = advice(f"create the session with {options} (", measures, " measures the cost)")
+    return duplicate_findings("default", result.static, fix)

@@ -85,7 +85,8 @@ class SessionConfig:
         if self.disable_all:
             lines.append("options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL")
         lines += [f'options.add_session_config_entry("{k}", "{v}")' for k, v in self.entries(fold_limit)]
-        lines.append(f'session = ort.InferenceSession("{path}", options, providers=["CPUExecutionProvider"])')
+        # repr: a Python literal of exactly that path, whatever its quotes or bytes (pasted, it opens it)
+        lines.append(f'session = ort.InferenceSession({path!r}, options, providers=["CPUExecutionProvider"])')
         return tuple(lines)
 
 
