@@ -12,6 +12,7 @@ from __future__ import annotations
 import codecs
 import mmap
 import re
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -275,7 +276,9 @@ class WalkState:
             if text is None or len(text) - 2 > MAX_TRACKED_STR or len(text) != stop - start:
                 return UNKNOWN, pos
             try:
-                return codecs.escape_decode(text[1:-1])[0].decode("utf-8"), pos
+                with warnings.catch_warnings():  # "invalid escape sequence": kept as they are
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    return codecs.escape_decode(text[1:-1])[0].decode("utf-8"), pos
             except (ValueError, UnicodeDecodeError):
                 raise End("broken") from None
         if op == 0x56:  # UNICODE
