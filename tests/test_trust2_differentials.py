@@ -31,6 +31,7 @@ from onnx import helper
 
 from tieaudit.cli.main import main
 from tieaudit.core.errors import UnsafeInputError
+from tieaudit.formats.bare_pickle import PLAIN_DATA
 from tieaudit.formats.onnx_model import OnnxReader
 from tieaudit.gate.discover import discover
 
@@ -276,8 +277,9 @@ def test_check_finds_what_torch_load_takes_whatever_its_name(repo: Path) -> None
     audited = {Path(f.path).name for f in found.files if f.verdict == "audited"}
     assert audited == set(TORCH_FILES)
     reasons = {Path(f.path).name: f.reason for f in found.files if f.verdict == "skipped"}
+    pickles = {name for name in _ordinary_files() if name.endswith(".pkl")}  # plain data: named as such
     assert reasons == {
-        **dict.fromkeys(_ordinary_files(), "not a checkpoint format"),
+        **{name: PLAIN_DATA if name in pickles else "not a checkpoint format" for name in _ordinary_files()},
         "real.npz": "NumPy .npz archive: recognised, not supported yet",
     }
 

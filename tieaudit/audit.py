@@ -77,7 +77,7 @@ class Audit:
 def audit_path(path: str, policy: Policy | None = None) -> Audit:
     """Read path, build its alias graph and run every rule; the files are closed afterwards."""
     policy = policy or Policy()
-    with open_checkpoint(path) as opened:
+    with open_checkpoint(path, bare_pickles=True) as opened:
         graph = build_graph(opened.checkpoint, policy.expected_ties)
         measured: tuple[Finding, ...] = ()
         if policy.runtime and opened.checkpoint.format == "onnx" and "TIE005" not in policy.ignore:

@@ -17,7 +17,7 @@ from tieaudit.core.escape import quoted
 from tieaudit.core.limits import NPY_INTP_MAX, bounded_product, shown_dims
 from tieaudit.core.training import TrainingLayout
 
-Format = Literal["torch", "safetensors", "onnx", "hf-dir", "gguf"]
+Format = Literal["torch", "safetensors", "onnx", "hf-dir", "gguf", "pickle"]
 DeclaredBy = Literal["config", "metadata", "index", "policy", "loader"]
 ConsumerRole = Literal["embedding", "head", "alias", "other"]
 

@@ -19,6 +19,7 @@ _FILE_READERS = (
     ("tieaudit.formats.torch_file", "TorchReader"),
     ("tieaudit.formats.onnx_model", "OnnxReader"),
     ("tieaudit.formats.gguf", "GgufReader"),
+    ("tieaudit.formats.bare_pickle", "BarePickleReader"),  # last: what no reader above takes
 )
 _FOLDER_READERS = (("tieaudit.formats.hf_reader", "HfDirReader"),)
 
@@ -28,8 +29,12 @@ def _readers(folder: bool) -> Iterator[Reader]:
         yield getattr(importlib.import_module(module), name)()
 
 
-def open_checkpoint(path: str) -> OpenCheckpoint:
-    """Sniff path's format and read it: the records, and the open maps of its bytes (close it)."""
+def open_checkpoint(path: str, *, bare_pickles: bool = False) -> OpenCheckpoint:
+    """Sniff path's format and read it: the records, and the open maps of its bytes (close it).
+
+    A pickle that is not torch.save data but names code (format ``pickle``, no tensors:
+    ``formats.bare_pickle``) is returned only to audits (``bare_pickles``); anything else that
+    reads a checkpoint refuses it, naming what it would run."""
     if not os.path.exists(path):
         raise InputError("no such file or folder", path)
     try:
@@ -46,7 +51,13 @@ def open_checkpoint(path: str) -> OpenCheckpoint:
         refuse_head(path, head, size)  # an LFS pointer, NumPy, ...: named, before any reader tries
     for reader in _readers(os.path.isdir(path)):
         if reader.sniff(path, head):
-            return reader.read(path)
+            opened = reader.read(path)
+            if opened.checkpoint.format == "pickle" and not bare_pickles:
+                from tieaudit.formats.bare_pickle import refusal
+
+                opened.close()
+                raise UnsupportedFormatError(refusal(opened.checkpoint), path)
+            return opened
     from tieaudit.formats.onnx_refs import external_data_of
 
     models = external_data_of(path)

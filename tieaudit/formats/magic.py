@@ -99,12 +99,16 @@ def read_head(path: str) -> tuple[bytes, int]:
 
 def refuse_head(path: str, head: bytes, size: int) -> None:
     """Refuse a file no reader should try: a Git LFS pointer, or a format tieaudit does not read
-    (unless torch.load would take it: a torch.save zip named ``.npz``, a legacy stream ``.msgpack``)."""
+    (unless torch.load would take it: a torch.save zip named ``.npz``, a legacy stream ``.msgpack``,
+    or unpickle it: a pickle naming code, named ``.msgpack``)."""
     if is_lfs_pointer(head, size):
         raise LfsPointerError(LFS_POINTER, path)
     recognised = recognised_unsupported(head, os.path.basename(path))
     if recognised is not None:
+        from tieaudit.formats.bare_pickle import scan
         from tieaudit.formats.torch_sniff import is_torch_content
 
         if not is_torch_content(path, head):
-            raise UnsupportedFormatError(recognised, path)
+            bare = scan(path, head, size, until_code=True)
+            if bare is None or not bare.audited:
+                raise UnsupportedFormatError(recognised, path)

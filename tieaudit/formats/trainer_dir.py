@@ -37,6 +37,8 @@ TRAINER_FILES = {
 glob: one RNG state per process). The one list of them (``formats.hf_dir`` re-exports it)."""
 JSON_NOTE = "present; JSON counters and logs, no tensors"
 """Status of trainer_state.json in the report."""
+BARE_PICKLE_READ = "read: a pickle, not torch.save data (torch.load unpickles it before failing); no tensors"
+"""Status of a file the torch reader refuses that is a pickle naming code (``formats.bare_pickle``)."""
 
 
 def trainer_files(folder: str) -> list[str]:
@@ -139,6 +141,7 @@ def read_trainer_folder(
 def read_trainer_files(folder: str, files: Sequence[tuple[str, str, str]]) -> TrainerRead:
     """Read each (file relative to folder, its confined path, its role); a pickle the torch reader
     refuses is listed with the reason (its safety is the torch reader's call, not ours)."""
+    from tieaudit.formats.bare_pickle import bare_pickle_globals
     from tieaudit.formats.torch_file import TorchReader
 
     tensors: list[TensorInfo] = []
@@ -159,7 +162,11 @@ def read_trainer_files(folder: str, files: Sequence[tuple[str, str, str]]) -> Tr
         try:
             opened = TorchReader().read(path)
         except InputError as exc:
-            parts.append(TrainingPart(path=file, role=role, status=f"not read: {exc.message}"))
+            bare = bare_pickle_globals(path, file)  # not torch.save data, but unpickled by torch.load
+            named += bare
+            read += [file] if bare else []
+            status = BARE_PICKLE_READ if bare else f"not read: {exc.message}"
+            parts.append(TrainingPart(path=file, role=role, status=status))
             continue
         with opened:
             ckpt = opened.checkpoint

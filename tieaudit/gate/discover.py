@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from tieaudit.core.errors import InputError
 from tieaudit.core.globs import glob_matches, posix_relative
+from tieaudit.formats.bare_pickle import scan
 from tieaudit.formats.hf_cache import CacheSnapshot, cached_argument
 from tieaudit.formats.hf_covered import covered_files
 from tieaudit.formats.hf_dir import SAFE_INDEX, TORCH_INDEX, TORCH_SINGLE, hub_blobs
@@ -61,7 +62,9 @@ TORCH_SUFFIXES = (".bin", ".ckpt", ".tar")
 """Audited when they start like torch.save data (a zip or a pickle): a raw ``.bin`` is ONNX external
 data, a ``.ckpt`` may be TensorFlow's, a ``.tar`` an archive (``.pth.tar`` is torch's convention).
 Any other file, whatever its name, is audited when its content is what torch.load takes
-(``formats.torch_sniff``): torch.load never looks at the name."""
+(``formats.torch_sniff``): torch.load never looks at the name; so is a pickle that is not
+torch.save data but names code, which torch.load(weights_only=False) runs before it fails
+(``formats.bare_pickle``)."""
 LINK_OUTSIDE = "is a link to a file outside the folder searched; name it on the command line to audit it"
 
 
@@ -259,7 +262,15 @@ class _Walk:
             return True
         if is_torch_content(entry.path, head):  # torch.load takes it, whatever its name
             return True
-        self._skip(entry.path, skip_reason(head, entry.name, status.st_size))
+        try:  # a pickle torch.load(weights_only=False) unpickles before it fails
+            bare = scan(entry.path, head, status.st_size, until_code=True)
+        except InputError as exc:
+            self._error(entry.path, exc.message)
+            return False
+        if bare is not None and bare.audited:
+            return True
+        plain = bare.reason if bare is not None and bare.plain else ""
+        self._skip(entry.path, plain or skip_reason(head, entry.name, status.st_size))
         return False
 
     def _link_inside(self, path: str) -> bool:

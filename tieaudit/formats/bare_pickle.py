@@ -1,0 +1,218 @@
+"""Bare pickles: ``pickle.dump`` output (not torch.save data) under any name, which
+``torch.load(weights_only=False)`` unpickles before it fails.
+
+torch.load takes a file that is not a zip for the legacy stream and unpickles its first pickle
+with the full unpickler before comparing it with the magic number ("Invalid magic number"): a
+``model.pt``, ``weights.pkl`` or ``checkpoint`` written by ``pickle.dump`` runs whatever it names
+first. Such a file is walked with ``pickle_walk`` (every opcode of protocols 0 to 5, nothing
+imported or called, at most MAX_SCAN_BYTES read through a memory map) and judged by torch's verdict
+on each global it names:
+
+- it names a global outside torch's weights_only allowlist (``runs-code``): it is audited as a
+  checkpoint of format ``pickle``, with no tensors and those globals, so TIE010 names each one and
+  what loading would do with it;
+- its pickle ends with STOP and names nothing else (a vocab.pkl of dicts and strings): plain data,
+  skipped with ``PLAIN_DATA`` (or refused with it when named on the command line);
+- it breaks before naming anything (a text file, a truncated or garbled file): no pickle at all;
+- tieaudit cannot walk it to its end without finding code (longer than MAX_SCAN_BYTES, or past the
+  walk's stack and memo bounds), or an opcode reads across the end of a FRAME (read one way or
+  another depending on buffering): audited and refused with one line, never passed.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from dataclasses import dataclass
+
+from tieaudit.core.bytestore import ByteStore, OpenCheckpoint
+from tieaudit.core.errors import InputError, UnsafeInputError, UnsupportedFormatError
+from tieaudit.core.escape import printable
+from tieaudit.core.records import Checkpoint, PickleGlobal
+from tieaudit.formats.interface import Reader
+from tieaudit.formats.pickle_walk import Walk, walk_pickles
+from tieaudit.formats.torch_pickle import MAX_PICKLE_BYTES
+
+__all__ = [
+    "MAX_SCAN_BYTES",
+    "PLAIN_DATA",
+    "BarePickle",
+    "BarePickleReader",
+    "bare_pickle_globals",
+    "refusal",
+    "scan",
+    "starts_like_pickle",
+]
+
+MAX_SCAN_BYTES = MAX_PICKLE_BYTES
+"""Bytes of a bare pickle walked at most (the limit torch.save pickles are read to as well)."""
+PLAIN_DATA = "a pickle of plain data, not torch.save data; torch.load refuses it"
+"""Why a pickle that names no code is skipped (or refused when named on the command line)."""
+LEGACY_REFUSED = (
+    "a legacy torch.save stream written with pickle opcodes torch.load(weights_only=True) refuses; "
+    "it names no code"
+)
+"""Why a legacy stream tieaudit's torch reader refuses (as torch's weights_only does) is skipped,
+when the full unpickler would find no code in it either."""
+TOO_LONG = (
+    f"a pickle (not torch.save data) that tieaudit cannot walk to its end: it reads at most "
+    f"{MAX_SCAN_BYTES >> 20} MiB of one, with a bounded stack and memo, and found no code before; "
+    "torch.load(weights_only=False) would unpickle all of it, so nothing vouches for what it imports"
+)
+"""The one line for a pickle too long (or too deep) to walk."""
+ACROSS_FRAME = (
+    "a pickle (not torch.save data) with an opcode that reads across the end of a FRAME, which "
+    "pickle.dump never writes and the unpickler reads in one of two ways depending on how the file is "
+    "buffered; tieaudit cannot tell what torch.load(weights_only=False) would import from it"
+)
+"""The one line for a pickle whose reading depends on buffering."""
+
+FIRST_OPCODES = frozenset(b"(FIJKLMNSTUVXBCGc])}\x88\x89\x8a\x8b\x8c\x8d\x8e\x8f\x95\x96")
+"""Opcodes a pickle may start with without the unpickler failing on them: MARK, every opcode that
+pushes a value from its argument alone (numbers, strings, bytes, empty containers, GLOBAL), and
+FRAME; PROTO too, with a protocol up to 5. Every other first byte fails at once (a pop from the
+empty stack, a memo read from the empty memo, a persistent id without persistent_load, an
+unknown opcode), importing nothing."""
+_HEAD_BYTES = 64
+"""Bytes walked before the file is mapped (as many as ``magic.read_head`` reads)."""
+_PROTO = 0x80
+_HIGHEST_PROTOCOL = 5
+
+
+def starts_like_pickle(head: bytes) -> bool:
+    """head (one or two bytes suffice) is how a pickle the unpickler does not refuse at once starts."""
+    if not head:
+        return False
+    if head[0] == _PROTO:
+        return len(head) < 2 or head[1] <= _HIGHEST_PROTOCOL
+    return head[0] in FIRST_OPCODES
+
+
+@dataclass(frozen=True)
+class BarePickle:
+    """What the walk of a file that starts like a pickle found."""
+
+    walk: Walk
+
+    @property
+    def runs_code(self) -> bool:
+        """It names a global outside torch's weights_only allowlist."""
+        return bool(self.walk.runs_code)
+
+    @property
+    def plain(self) -> bool:
+        """Its pickle ends with STOP and names no code."""
+        return self.walk.ending == "stop" and not self.runs_code
+
+    @property
+    def reason(self) -> str:
+        """Why a plain one is skipped: plain data, or a legacy stream torch's weights_only refuses."""
+        return LEGACY_REFUSED if self.walk.pickles > 1 else PLAIN_DATA
+
+    @property
+    def audited(self) -> bool:
+        """``check`` audits it: it names code, or tieaudit could not walk it to its end."""
+        return self.runs_code or self.walk.ending in ("unscanned", "ambiguous")
+
+
+def scan(path: str, head: bytes, size: int, *, until_code: bool = False) -> BarePickle | None:
+    """The walk of a file (head: its first bytes, size: its size), or None when it does not start
+    like a pickle. Most files end within head; the rest are walked through a memory map.
+    ``until_code``: stop at the first global that runs code (enough to tell ``audited``)."""
+    if not starts_like_pickle(head):
+        return None
+    walk = walk_pickles(head, len(head), size, until_code=until_code)
+    if walk.ending == "unscanned" and len(head) < size and not (until_code and walk.runs_code):
+        walk = _walk_file(path, until_code=until_code)
+    return BarePickle(walk)
+
+
+def _walk_file(path: str, *, until_code: bool) -> Walk:
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if not size:
+                return Walk()  # emptied since its head was read: no pickle
+            with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+                return walk_pickles(mapped, min(size, MAX_SCAN_BYTES), size, until_code=until_code)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read: {getattr(exc, 'strerror', None) or exc}", path) from None
+
+
+def _globals(walk: Walk, file: str) -> tuple[PickleGlobal, ...]:
+    return tuple(
+        PickleGlobal(name=name, verdict=found.verdict, file=file, use=found.described())
+        for name, found in walk.named.items()
+    )
+
+
+def bare_pickle_globals(path: str, file: str) -> tuple[PickleGlobal, ...]:
+    """The globals a file names when it is a pickle naming code that is not torch.save data (as
+    ``file``, its name in a folder), or none: for a folder reader that found no torch.save data in it."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(_HEAD_BYTES)
+            size = os.fstat(handle.fileno()).st_size
+        found = scan(path, head, size)
+    except (OSError, InputError):
+        return ()  # the folder reader lists the file as not read
+    return _globals(found.walk, file) if found is not None and found.runs_code else ()
+
+
+def _checkpoint(path: str, walk: Walk) -> OpenCheckpoint:
+    file = os.path.basename(path)
+    named = _globals(walk, file)
+    checkpoint = Checkpoint(
+        path=path, format="pickle", tensors=(), storages={}, files=(file,), pickle_globals=named
+    )
+    return OpenCheckpoint(checkpoint, ByteStore(os.path.dirname(os.path.abspath(path))))
+
+
+def refusal(checkpoint: Checkpoint) -> str:
+    """Why a command other than an audit refuses a bare pickle (``tieaudit check`` reports it)."""
+    named = printable(", ".join(g.name for g in checkpoint.pickle_globals if g.verdict == "runs-code")[:300])
+    return (
+        f"is a pickle, not torch.save data: no tensors, and it names {named}, which "
+        "torch.load(weights_only=False) would import and run (TIE010; `tieaudit check` reports it)"
+    )
+
+
+class BarePickleReader(Reader):
+    """A pickle that is not torch.save data: read for the globals it names, no tensors."""
+
+    format = "pickle"
+
+    def __init__(self) -> None:
+        self._scanned: dict[str, BarePickle | None] = {}
+
+    def _scan(self, path: str, head: bytes) -> BarePickle | None:
+        if path not in self._scanned:
+            try:
+                size = os.stat(path).st_size
+            except OSError as exc:
+                raise InputError(f"cannot read: {exc.strerror or exc}", path) from None
+            self._scanned[path] = scan(path, head, size)
+        return self._scanned[path]
+
+    def sniff(self, path: str, head: bytes) -> bool:
+        found = self._scan(path, head)
+        return found is not None and (found.audited or found.plain)
+
+    def read(self, path: str) -> OpenCheckpoint:
+        if path not in self._scanned:  # read without sniff
+            try:
+                with open(path, "rb") as handle:
+                    head = handle.read(_HEAD_BYTES)
+            except OSError as exc:
+                raise InputError(f"cannot read: {exc.strerror or exc}", path) from None
+            self._scan(path, head)
+        found = self._scanned[path]
+        if found is None or not (found.audited or found.plain):
+            raise UnsupportedFormatError("not a pickle torch.load unpickles", path)
+        if found.runs_code:
+            return _checkpoint(path, found.walk)
+        if found.walk.ending == "ambiguous":
+            raise UnsafeInputError(ACROSS_FRAME, path)
+        if found.walk.ending == "unscanned":
+            raise InputError(TOO_LONG, path)
+        raise UnsupportedFormatError(found.reason, path)

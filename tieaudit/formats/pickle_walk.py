@@ -1,0 +1,263 @@
+"""The globals a pickle makes ``pickle.load`` import, found by walking its opcodes; nothing runs.
+
+torch.load(weights_only=False) hands any file that is not a zip to ``pickle.load`` (CPython's C
+unpickler), and only then compares the value with torch's magic number: a bare ``pickle.dump``
+output imports and calls whatever it names before torch.load fails. tieaudit's pickle VM refuses
+what torch's weights_only unpickler refuses (FRAME, STACK_GLOBAL, MEMOIZE: every pickle
+``pickle.dump`` writes by default), so it cannot say what such a file does. This walker can: it
+follows every opcode of protocols 0 to 5 with the C unpickler's stack rules (marks and fences,
+underflow, the memo and its length), keeps only what decides a global (strings, the magic number,
+which values are globals or made from them), and records each GLOBAL, INST and STACK_GLOBAL the
+unpickler would reach, with torch's verdict (``pickle_globals.classify``) and what loading does
+with it.
+
+It stops where the unpickler stops (an unknown opcode, a stack underflow, a malformed argument, a
+missing memo entry, the end of the file) and goes on wherever it cannot be sure the unpickler
+stops, so it may name more than loading reaches, never less. A STACK_GLOBAL whose operands are not
+known strings is named ``<unresolved STACK_GLOBAL>`` (runs-code), never passed over. A module
+that is not a dotted Python identifier is no module an installed package provides: its import
+fails, and the walk stops there (a file of that very name on ``sys.path`` is out of its sight).
+
+When the first pickle's value is torch's magic number, torch.load reads the legacy stream on with
+the same unpickler (protocol version, system info, the object pickle with persistent ids, the
+storage keys), so those four pickles are walked too.
+"""
+
+from __future__ import annotations
+
+import mmap
+
+from tieaudit.formats.pickle_walk_state import (
+    HIGHEST_PROTOCOL,
+    LEGACY_PICKLES,
+    MAGIC,
+    MAX_STACK_ITEMS,
+    OBJECT_PICKLE,
+    UNKNOWN,
+    UNRESOLVED,
+    UNRESOLVED_LINE,
+    End,
+    Ending,
+    Walk,
+    WalkState,
+)
+
+__all__ = ["UNRESOLVED", "UNRESOLVED_LINE", "Ending", "Walk", "walk_pickles"]
+
+
+class _Walker(WalkState):
+    """Walks the pickles of one file."""
+
+    def run(self, pos: int) -> None:
+        walk = self.walk
+        try:
+            for number in range(LEGACY_PICKLES):
+                if number and pos >= self.size:
+                    break  # the file ends at a pickle's end: torch.load fails there, unpickling nothing more
+                value, pos = self._pickle(pos, persistent=number == OBJECT_PICKLE)
+                walk.pickles += 1
+                if number == 0 and value is not MAGIC and value is not UNKNOWN:
+                    break  # torch.load fails "Invalid magic number": nothing more is unpickled
+            walk.ending = "stop"
+        except End as end:
+            walk.ending = end.ending
+
+    def _pickle(self, pos: int, *, persistent: bool) -> tuple[object, int]:
+        data, end = self.data, self.end
+        stack: list[object] = []
+        push = stack.append
+        marks: list[int] = []
+        fence = 0
+        for count in range(end - pos + 1):  # each opcode takes at least one byte
+            if not count & 0xFFFF and len(stack) + len(marks) > MAX_STACK_ITEMS:
+                raise End("unscanned")
+            if pos >= end:
+                raise End("broken" if end >= self.size else "unscanned")
+            op = data[pos]
+            pos += 1
+            if op == 0x8C or op == 0x58 or op == 0x8D:  # SHORT_BINUNICODE, BINUNICODE, BINUNICODE8
+                width = 1 if op == 0x8C else 4 if op == 0x58 else 8
+                self._need(pos, width)
+                size = int.from_bytes(data[pos : pos + width], "little")
+                pos += width
+                push(self._string(pos, size, "utf-8", errors="surrogatepass"))
+                pos += size
+            elif op == 0x94:  # MEMOIZE
+                if len(stack) <= fence:
+                    raise End("broken")
+                self._put(self.dense + len(self.sparse), stack[-1])
+            elif op == 0x71 or op == 0x72:  # BINPUT, LONG_BINPUT
+                width = 1 if op == 0x71 else 4
+                self._need(pos, width)
+                index = int.from_bytes(data[pos : pos + width], "little")
+                pos += width
+                if len(stack) <= fence:
+                    raise End("broken")
+                self._put(index, stack[-1])
+            elif op == 0x68 or op == 0x6A:  # BINGET, LONG_BINGET
+                width = 1 if op == 0x68 else 4
+                self._need(pos, width)
+                push(self._get(int.from_bytes(data[pos : pos + width], "little")))
+                pos += width
+            elif op == 0x4B or op == 0x4D or op == 0x4A or op == 0x47:  # BININT1, BININT2, BININT, BINFLOAT
+                width = 1 if op == 0x4B else 2 if op == 0x4D else 4 if op == 0x4A else 8
+                self._need(pos, width)
+                pos += width
+                push(None)
+            elif op == 0x28:  # MARK
+                marks.append(len(stack))
+                fence = len(stack)
+            elif op in _FROM_MARK:  # APPENDS, SETITEMS, ADDITEMS, TUPLE, LIST, DICT, FROZENSET, POP_MARK
+                if not marks:
+                    raise End("broken")  # could not find MARK
+                mark = marks.pop()
+                fence = marks[-1] if marks else 0
+                if op in _INTO_BELOW:  # APPENDS, SETITEMS, ADDITEMS: into the value below the mark
+                    if mark <= fence or (op == 0x75 and (len(stack) - mark) % 2):
+                        raise End("broken")
+                elif op == 0x64 and (len(stack) - mark) % 2:  # DICT
+                    raise End("broken")
+                del stack[mark:]
+                if op in _BUILDS:
+                    push(None)
+            elif op in _PUSHES_OPAQUE:  # NONE, NEWTRUE, NEWFALSE, empty containers
+                push(None)
+            elif op == 0x85 or op == 0x86 or op == 0x87:  # TUPLE1, TUPLE2, TUPLE3
+                items = op - 0x84
+                if len(stack) - items < fence:
+                    raise End("broken")
+                del stack[len(stack) - items :]
+                push(None)
+            elif op == 0x61 or op == 0x73:  # APPEND, SETITEM
+                items = 1 if op == 0x61 else 2
+                if len(stack) - items <= fence:
+                    raise End("broken")
+                del stack[len(stack) - items :]
+            elif op == 0x8A or op == 0x8B:  # LONG1, LONG4
+                width = 1 if op == 0x8A else 4
+                self._need(pos, width)
+                size = int.from_bytes(data[pos : pos + width], "little", signed=op == 0x8B)
+                if size < 0:
+                    raise End("broken")
+                pos += width
+                push(self._long(pos, size))
+                pos += size
+            elif op == 0x52:  # REDUCE
+                if len(stack) - 2 < fence:
+                    raise End("broken")
+                args = stack.pop()
+                del args
+                stack[-1] = self._made(stack[-1], "called")
+            elif op == 0x81 or op == 0x92:  # NEWOBJ, NEWOBJ_EX
+                items = 2 if op == 0x81 else 3
+                if len(stack) - items < fence:
+                    raise End("broken")
+                del stack[len(stack) - items + 1 :]
+                stack[-1] = self._made(stack[-1], "instantiated")
+            elif op == 0x62:  # BUILD
+                if len(stack) - 2 < fence:
+                    raise End("broken")
+                stack.pop()
+                self._use(stack[-1], "state set")
+            elif op == 0x2E:  # STOP
+                if len(stack) <= fence:
+                    raise End("broken")
+                return stack[-1], pos
+            elif op == 0x63 or op == 0x69:  # GLOBAL, INST
+                mark = 0
+                if op == 0x69:
+                    if not marks:
+                        raise End("broken")
+                    mark = marks.pop()
+                    fence = marks[-1] if marks else 0
+                names, pos = self._global_lines(pos, "utf-8" if op == 0x63 else "ascii")
+                found = self._unresolved(UNRESOLVED_LINE) if names is None else self._global(*names)
+                if op == 0x69:
+                    del stack[mark:]
+                    push(self._made(found, "instantiated"))
+                else:
+                    push(found)
+            elif op == 0x93:  # STACK_GLOBAL
+                if len(stack) - 2 < fence:
+                    raise End("broken")
+                name_value = stack.pop()
+                module_value = stack.pop()
+                push(self._stack_global(module_value, name_value))
+            elif op == 0x6F:  # OBJ
+                if not marks:
+                    raise End("broken")
+                mark = marks.pop()
+                fence = marks[-1] if marks else 0
+                if len(stack) - mark < 1:
+                    raise End("broken")
+                target = stack[mark]
+                del stack[mark:]
+                push(self._made(target, "instantiated"))
+            elif op == 0x80:  # PROTO
+                self._need(pos, 1)
+                if data[pos] > HIGHEST_PROTOCOL:
+                    raise End("broken")
+                self.proto = data[pos]
+                pos += 1
+            elif op == 0x95:  # FRAME: the unpickler reads it whole first
+                if pos <= self.frame_end:
+                    raise End("ambiguous")  # a frame inside a frame: pickle.dump writes them in a row
+                self._need(pos, 8)
+                size = int.from_bytes(data[pos : pos + 8], "little")
+                pos += 8
+                self._skip(pos, size)
+                self.frame_end = pos + size
+            elif op in _COUNTED_BYTES:  # BINBYTES, SHORT_BINBYTES, BINBYTES8, BYTEARRAY8, (SHORT_)BINSTRING
+                width = _COUNTED_BYTES[op]
+                self._need(pos, width)
+                size = int.from_bytes(data[pos : pos + width], "little")
+                pos += width
+                if op == 0x54 or op == 0x55:  # BINSTRING, SHORT_BINSTRING: str (torch's encoding utf-8)
+                    push(self._string(pos, size, "utf-8"))
+                else:  # bytes, never read: only their end must be in the file
+                    self._skip(pos, size)
+                    push(None)
+                pos += size
+            elif op == 0x32:  # DUP
+                if len(stack) <= fence:
+                    raise End("broken")
+                push(stack[-1])
+            elif op == 0x30:  # POP: a mark right at the top goes first
+                if marks and marks[-1] == len(stack):
+                    marks.pop()
+                    fence = marks[-1] if marks else 0
+                elif len(stack) <= fence:
+                    raise End("broken")
+                else:
+                    stack.pop()
+            elif op == 0x98:  # READONLY_BUFFER
+                if len(stack) <= fence:
+                    raise End("broken")
+            elif op == 0x51:  # BINPERSID: only the legacy object pickle has a persistent_load
+                if not persistent or len(stack) <= fence:
+                    raise End("broken")
+                stack[-1] = UNKNOWN
+            elif op in _TEXT:
+                value, pos = self._text_op(op, pos, stack, fence=fence, persistent=persistent)
+                if op != 0x70:  # PUT pushes nothing
+                    push(value)
+            else:  # EXT1/2/4 (copyreg's registry is empty), NEXT_BUFFER (no buffers), unknown bytes
+                raise End("broken")
+        raise End("broken")  # unreachable: the loop runs out of data first
+
+
+_FROM_MARK = frozenset(b"eu\x90tld\x911")
+_INTO_BELOW = frozenset(b"eu\x90")
+_BUILDS = frozenset(b"tld\x91")
+_PUSHES_OPAQUE = frozenset(b"N\x88\x89])}\x8f")
+_COUNTED_BYTES = {0x42: 4, 0x43: 1, 0x8E: 8, 0x96: 8, 0x54: 4, 0x55: 1}
+_TEXT = frozenset(b"ILFSVgpP")
+
+
+def walk_pickles(data: bytes | mmap.mmap, end: int, size: int, *, until_code: bool = False) -> Walk:
+    """Walk the pickle(s) torch.load(weights_only=False) unpickles from a file whose first end bytes
+    are data (size: the file's size). Nothing is imported or called. ``until_code``: end at the
+    first global outside torch's allowlist (ending ``unscanned``)."""
+    walk = Walk()
+    _Walker(data, end, size, walk=walk, until_code=until_code).run(0)
+    return walk
