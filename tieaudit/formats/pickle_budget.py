@@ -3,15 +3,18 @@
 The pickle VM builds objects, and an allowed call (``OrderedDict``, ``Counter``, ``set``,
 ``_codecs.encode``, a tensor rebuild) or an unknown class's placeholder may copy, scan or hash what
 it is given. A few bytes of pickle can hand one memo'd container to such a call millions of times,
-so counting opcodes, depth or size alone bounds nothing. Every such cost is charged here, in
-units of about one byte of memory (or one eighth of a visited element): each object built, each
-element copied, scanned or hashed, each memo entry, each container's bookkeeping, each opcode,
-and afterwards each leaf flattened with its dotted name and each tensor the audit will carry.
+so counting opcodes, depth or size alone bounds nothing. Every such cost is charged here as it is
+spent, in units of about one byte of memory (or, for work that allocates nothing, about 10 ns):
+each object built, each element a call may read, copy or hash (a tuple key counted as a tree), each
+memo entry and opcode, the pickle's own bytes, and afterwards each value flattened with its dotted
+name and each tensor with what the audit and its reports will keep for it. The memo and the VM's
+own records are given back when the VM stops (they die with it).
 
-The budget grows with the file: ``MIN_PICKLE_UNITS`` plus ``PICKLE_UNITS_PER_BYTE`` per byte of
-the file (real checkpoints carry their storages, many bytes per byte of pickle), and never more
-than ``MAX_PICKLE_UNITS``. So a 10 MB file costs at most some 360 MB, and a file that asks for more
-is refused in one line naming the limit, before the memory is spent.
+The budget grows with the file: ``MIN_PICKLE_UNITS`` plus ``PICKLE_UNITS_PER_BYTE`` per byte of it
+(real checkpoints carry their storages, many bytes per byte of pickle), never more than
+``MAX_PICKLE_UNITS``. A 10 MB file may spend about 400 million units, which the attacks of
+tests/test_trust2_vm_budget.py turn into at most some 430 MiB and a few seconds; one that asks
+for more is refused in one line naming the limit, before the memory is spent.
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ MIN_PICKLE_UNITS = 96 << 20
 """Units any file may spend, however small: 64 KB archives whose pickle inflates 8 times to half
 a million containers (tests/test_torch_bounds.py) stay under it."""
 PICKLE_UNITS_PER_BYTE = 30
-"""Units each byte of the file adds. A torch.save zip of 100 000 small tensors with Adam state
-(9 MB of pickle in a 28 MB file) spends about 11 per byte, a state dict of one storage viewed by
-90 000 names about the same per byte of its pickle; so a 10 MB input stays near 350 MB."""
-MAX_PICKLE_UNITS = 6 << 30
+"""Units each byte of the file adds. The densest real layout, torch.save of 100 000 two-element
+tensors (25 000 parameters with Adam state), each over its own storage record (9 MB of pickle in a
+28 MB file), spends 20 per byte; larger tensors spend far less. At 30, a 10 MB input's worst case
+(empty sets, memo entries, a tensor fan-out for the JSON report) peaks near 430 MiB."""
+MAX_PICKLE_UNITS = 4 << 30
 """Units no file may spend, however large (a sparse file is large for free): a 1 TB mixture-of-
-experts checkpoint (some 300 000 tensors, 50 MB of pickle) needs about 2 GB of them."""
+experts checkpoint (some 300 000 tensors, 50 MB of pickle) needs about 1.7 billion."""
 MAX_KEY_COLLISIONS = 1024
 """Dict keys allowed to share a hash with a different earlier key. CPython's int, float and
 tuple hashes can be solved for (k * (2**61 - 1) all hash to 0), and n keys of one hash make

@@ -29,6 +29,7 @@ from tieaudit.formats.pickle_budget import (
     MEMO_UNITS,
     OBJECT_UNITS,
     OPCODE_UNITS,
+    REGISTER_UNITS,
     SET_UNITS,
     PickleBudget,
 )
@@ -36,18 +37,8 @@ from tieaudit.formats.pickle_ledger import MAX_DEPTH, Ledger, PickleError
 from tieaudit.formats.pickle_names import opcode_name
 from tieaudit.formats.torch_allowlist import torch_allowlist
 
-__all__ = [
-    "MAX_DEPTH",
-    "MAX_GLOBAL_BYTES",
-    "MAX_INT_BYTES",
-    "MAX_OPCODES",
-    "Hashable",
-    "Hooks",
-    "PickleError",
-    "PickleVM",
-    "Truncated",
-    "run_pickle",
-]
+__all__ = ["MAX_DEPTH", "MAX_GLOBAL_BYTES", "MAX_INT_BYTES", "MAX_OPCODES", "Hashable", "Hooks"]
+__all__ += ["PickleError", "PickleVM", "Truncated", "run_pickle"]
 
 MAX_OPCODES = 100_000_000
 """Opcodes one pickle may run: a 50k-tensor state dict runs 1.5 million, so a 1 TB model's
@@ -115,7 +106,7 @@ class Hooks(Protocol):
 class PickleVM:
     """Runs one pickle from ``data[start:]``; ``run`` returns (value, offset after STOP)."""
 
-    def __init__(self, data: bytes, start: int, hooks: Hooks, budget: PickleBudget | None = None) -> None:
+    def __init__(self, data: bytes, start: int, hooks: Hooks, *, budget: PickleBudget | None = None) -> None:
         self.data = data
         self.pos = start
         self.hooks = hooks
@@ -270,6 +261,9 @@ class PickleVM:
                             budget.left += (chunk - count - 1) * OPCODE_UNITS  # the chunk's unused rest
                             if budget.left < 0:
                                 budget.over(f"the opcodes before byte {pos}")
+                            # The memo and the ledger's records die with this call: their memory is
+                            # free for what the value costs next (flattening, the reports).
+                            budget.left += MEMO_UNITS * len(memo) + REGISTER_UNITS * len(ledger.alive)
                             self.pos = pos
                             return stack.pop(), pos
                         else:
@@ -392,8 +386,8 @@ class PickleVM:
 
 
 def run_pickle(
-    data: bytes, start: int, hooks: Hooks, budget: PickleBudget | None = None
+    data: bytes, start: int, hooks: Hooks, *, budget: PickleBudget | None = None
 ) -> tuple[object, int]:
     """The value of the pickle at data[start:] and the offset just after its STOP opcode; what it
     costs is charged to budget (by default, a budget of its own for len(data) - start bytes)."""
-    return PickleVM(data, start, hooks, budget).run()
+    return PickleVM(data, start, hooks, budget=budget).run()

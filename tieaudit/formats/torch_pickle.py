@@ -46,8 +46,8 @@ __all__ = [
 
 MAX_PICKLE_BYTES = 256 << 20
 """A pickle larger than this is refused: real ones hold metadata only (a 1 TB mixture-of-experts
-model with Adam state has about 300000 tensors, some 50 MB of pickle). Memory while unpickling is
-at most about 64 bytes per pickle byte (one small container per one-byte opcode)."""
+model with Adam state has about 300000 tensors, some 50 MB of pickle). What unpickling may cost
+is the file's pickle budget (``pickle_budget``)."""
 
 MAX_REFERENCED_GLOBALS = 4096
 """Distinct globals one file's pickles may name; real checkpoints name fewer than 100."""
@@ -247,7 +247,7 @@ def load_pickle(
     try:
         budget = budget or PickleBudget(len(data) - start)
         budget.charge(len(data) - start, "the pickle's own bytes (inflated, when compressed)")
-        root, end = run_pickle(data, start, hooks, budget)
+        root, end = run_pickle(data, start, hooks, budget=budget)
     except Truncated:
         raise
     except OverBudget as exc:

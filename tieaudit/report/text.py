@@ -23,6 +23,9 @@ from tieaudit.report.training import training_lines
 
 MAX_TENSOR_ROWS = 30
 """Tensors listed in the text report (the largest first); --format json lists every one."""
+MAX_MESSAGE_CHARS = 2000
+"""Characters of a finding's message the text report shows: a message naming 25 000 tied
+parameters wraps to 50 000 lines (5 s of rich's layout); --format json keeps it whole."""
 MAX_CELL_NAMES = 64
 """Names one cell of the text report lists (a tie group's, a finding's): a pickle can point 100 000
 names at one storage, and laying out each costs rich about 100 us; --format json lists every one."""
@@ -134,10 +137,18 @@ def _findings_table(audit: Audit) -> Grid:
                 Text(finding.severity, style=_SEVERITY_STYLE[finding.severity]),
                 cells(finding.names),
                 human_bytes(finding.wasted_bytes) if finding.wasted_bytes else "",
-                cell(finding.message),
+                cell(_cut(finding.message)),
             )
         )
     return table
+
+
+def _cut(message: str) -> str:
+    """message, or its first MAX_MESSAGE_CHARS characters and how many more."""
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    more = len(message) - MAX_MESSAGE_CHARS
+    return f"{message[:MAX_MESSAGE_CHARS]}... ({more} more characters in --format json)"
 
 
 def _tensors_table(audit: Audit) -> tuple[Grid, int]:
