@@ -299,6 +299,32 @@ def test_names_from_the_pickle_are_escaped(tmp_path: Path, capsys: pytest.Captur
     assert "\x1b" not in out and "\u202e" not in out, out
 
 
+def test_a_stack_global_the_walk_cannot_resolve_is_named_unresolved_not_passed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Operands the walk did not keep (a string longer than it decodes, a memo past its budget) may
+    be any name: the STACK_GLOBAL is reported as runs-code, never resolved to a guess or dropped."""
+    from tieaudit.formats import pickle_walk_state
+    from tieaudit.formats.pickle_walk import UNRESOLVED
+
+    long_name = (
+        b"\x80\x04" + _sbu("posix") + b"\x8d" + struct.pack("<Q", 5000) + b"s" * 5000 + b"\x93" + _call_tail()
+    )
+    (tmp_path / "long.pkl").write_bytes(long_name)
+    code, out, err = _check([str(tmp_path / "long.pkl"), "--format", "json"], capsys)
+    assert code == 1, err
+    assert [f["names"] for f in json.loads(out)["findings"]] == [[UNRESOLVED]]
+    (tmp_path / "long.pkl").unlink()
+
+    monkeypatch.setattr(pickle_walk_state, "MAX_MEMO_ENTRIES", 8)
+    decoys = b"".join(_sbu(f"d{i}") + b"\x94" + b"0" for i in range(10))  # past the budget: memo lost
+    lost = b"\x80\x04" + _sbu("posix") + b"\x94" + _sbu("system") + b"\x94" + decoys
+    (tmp_path / "memo.pkl").write_bytes(lost + b"h\x00h\x01\x93" + _call_tail())
+    code, out, err = _check([str(tmp_path / "memo.pkl"), "--format", "json"], capsys)
+    assert code == 1, err
+    assert [f["names"] for f in json.loads(out)["findings"]] == [[UNRESOLVED]]
+
+
 # --- what stays skipped -----------------------------------------------------------------------------
 
 

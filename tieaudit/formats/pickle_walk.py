@@ -74,170 +74,174 @@ class _Walker(WalkState):
             if pos >= end:
                 raise End("broken" if end >= self.size else "unscanned")
             op = data[pos]
+            kind = _KIND[op]
             pos += 1
-            if op == 0x8C or op == 0x58 or op == 0x8D:  # SHORT_BINUNICODE, BINUNICODE, BINUNICODE8
-                width = 1 if op == 0x8C else 4 if op == 0x58 else 8
-                self._need(pos, width)
-                size = int.from_bytes(data[pos : pos + width], "little")
-                pos += width
-                push(self._string(pos, size, "utf-8", errors="surrogatepass"))
-                pos += size
-            elif op == 0x94:  # MEMOIZE
-                if len(stack) <= fence:
-                    raise End("broken")
-                self._put(self.dense + len(self.sparse), stack[-1])
-            elif op == 0x71 or op == 0x72:  # BINPUT, LONG_BINPUT
-                width = 1 if op == 0x71 else 4
-                self._need(pos, width)
-                index = int.from_bytes(data[pos : pos + width], "little")
-                pos += width
-                if len(stack) <= fence:
-                    raise End("broken")
-                self._put(index, stack[-1])
-            elif op == 0x68 or op == 0x6A:  # BINGET, LONG_BINGET
-                width = 1 if op == 0x68 else 4
-                self._need(pos, width)
-                push(self._get(int.from_bytes(data[pos : pos + width], "little")))
-                pos += width
-            elif op == 0x4B or op == 0x4D or op == 0x4A or op == 0x47:  # BININT1, BININT2, BININT, BINFLOAT
-                width = 1 if op == 0x4B else 2 if op == 0x4D else 4 if op == 0x4A else 8
-                self._need(pos, width)
-                pos += width
-                push(None)
-            elif op == 0x28:  # MARK
-                marks.append(len(stack))
-                fence = len(stack)
-            elif op in _FROM_MARK:  # APPENDS, SETITEMS, ADDITEMS, TUPLE, LIST, DICT, FROZENSET, POP_MARK
-                if not marks:
-                    raise End("broken")  # could not find MARK
-                mark = marks.pop()
-                fence = marks[-1] if marks else 0
-                if op in _INTO_BELOW:  # APPENDS, SETITEMS, ADDITEMS: into the value below the mark
-                    if mark <= fence or (op == 0x75 and (len(stack) - mark) % 2):
+            if kind <= 8:
+                if kind == 1:  # SHORT_BINUNICODE, BINUNICODE, BINUNICODE8
+                    width = 1 if op == 0x8C else 4 if op == 0x58 else 8
+                    self._need(pos, width)
+                    size = int.from_bytes(data[pos : pos + width], "little")
+                    pos += width
+                    push(self._string(pos, size, "utf-8", errors="surrogatepass"))
+                    pos += size
+                elif kind == 2:  # MEMOIZE
+                    if len(stack) <= fence:
                         raise End("broken")
-                elif op == 0x64 and (len(stack) - mark) % 2:  # DICT
-                    raise End("broken")
-                del stack[mark:]
-                if op in _BUILDS:
+                    self._put(self.dense + len(self.sparse), stack[-1])
+                elif kind == 3:  # BINPUT, LONG_BINPUT
+                    width = 1 if op == 0x71 else 4
+                    self._need(pos, width)
+                    index = int.from_bytes(data[pos : pos + width], "little")
+                    pos += width
+                    if len(stack) <= fence:
+                        raise End("broken")
+                    self._put(index, stack[-1])
+                elif kind == 4:  # BINGET, LONG_BINGET
+                    width = 1 if op == 0x68 else 4
+                    self._need(pos, width)
+                    push(self._get(int.from_bytes(data[pos : pos + width], "little")))
+                    pos += width
+                elif kind == 5:  # BININT1, BININT2, BININT, BINFLOAT
+                    width = 1 if op == 0x4B else 2 if op == 0x4D else 4 if op == 0x4A else 8
+                    self._need(pos, width)
+                    pos += width
                     push(None)
-            elif op in _PUSHES_OPAQUE:  # NONE, NEWTRUE, NEWFALSE, empty containers
-                push(None)
-            elif op == 0x85 or op == 0x86 or op == 0x87:  # TUPLE1, TUPLE2, TUPLE3
-                items = op - 0x84
-                if len(stack) - items < fence:
-                    raise End("broken")
-                del stack[len(stack) - items :]
-                push(None)
-            elif op == 0x61 or op == 0x73:  # APPEND, SETITEM
-                items = 1 if op == 0x61 else 2
-                if len(stack) - items <= fence:
-                    raise End("broken")
-                del stack[len(stack) - items :]
-            elif op == 0x8A or op == 0x8B:  # LONG1, LONG4
-                width = 1 if op == 0x8A else 4
-                self._need(pos, width)
-                size = int.from_bytes(data[pos : pos + width], "little", signed=op == 0x8B)
-                if size < 0:
-                    raise End("broken")
-                pos += width
-                push(self._long(pos, size))
-                pos += size
-            elif op == 0x52:  # REDUCE
-                if len(stack) - 2 < fence:
-                    raise End("broken")
-                args = stack.pop()
-                del args
-                stack[-1] = self._made(stack[-1], "called")
-            elif op == 0x81 or op == 0x92:  # NEWOBJ, NEWOBJ_EX
-                items = 2 if op == 0x81 else 3
-                if len(stack) - items < fence:
-                    raise End("broken")
-                del stack[len(stack) - items + 1 :]
-                stack[-1] = self._made(stack[-1], "instantiated")
-            elif op == 0x62:  # BUILD
-                if len(stack) - 2 < fence:
-                    raise End("broken")
-                stack.pop()
-                self._use(stack[-1], "state set")
-            elif op == 0x2E:  # STOP
-                if len(stack) <= fence:
-                    raise End("broken")
-                return stack[-1], pos
-            elif op == 0x63 or op == 0x69:  # GLOBAL, INST
-                mark = 0
-                if op == 0x69:
+                elif kind == 6:  # MARK
+                    marks.append(len(stack))
+                    fence = len(stack)
+                elif kind == 7:  # APPENDS, SETITEMS, ADDITEMS, TUPLE, LIST, DICT, FROZENSET, POP_MARK
+                    if not marks:
+                        raise End("broken")  # could not find MARK
+                    mark = marks.pop()
+                    fence = marks[-1] if marks else 0
+                    if op in _INTO_BELOW:  # APPENDS, SETITEMS, ADDITEMS: into the value below the mark
+                        if mark <= fence or (op == 0x75 and (len(stack) - mark) % 2):
+                            raise End("broken")
+                    elif op == 0x64 and (len(stack) - mark) % 2:  # DICT
+                        raise End("broken")
+                    del stack[mark:]
+                    if op in _BUILDS:
+                        push(None)
+                elif kind == 8:  # NONE, NEWTRUE, NEWFALSE, empty containers
+                    push(None)
+            elif kind <= 16:
+                if kind == 9:  # TUPLE1, TUPLE2, TUPLE3
+                    items = op - 0x84
+                    if len(stack) - items < fence:
+                        raise End("broken")
+                    del stack[len(stack) - items :]
+                    push(None)
+                elif kind == 10:  # APPEND, SETITEM
+                    items = 1 if op == 0x61 else 2
+                    if len(stack) - items <= fence:
+                        raise End("broken")
+                    del stack[len(stack) - items :]
+                elif kind == 11:  # LONG1, LONG4
+                    width = 1 if op == 0x8A else 4
+                    self._need(pos, width)
+                    size = int.from_bytes(data[pos : pos + width], "little", signed=op == 0x8B)
+                    if size < 0:
+                        raise End("broken")
+                    pos += width
+                    push(self._long(pos, size))
+                    pos += size
+                elif kind == 12:  # REDUCE
+                    if len(stack) - 2 < fence:
+                        raise End("broken")
+                    args = stack.pop()
+                    del args
+                    stack[-1] = self._made(stack[-1], "called")
+                elif kind == 13:  # NEWOBJ, NEWOBJ_EX
+                    items = 2 if op == 0x81 else 3
+                    if len(stack) - items < fence:
+                        raise End("broken")
+                    del stack[len(stack) - items + 1 :]
+                    stack[-1] = self._made(stack[-1], "instantiated")
+                elif kind == 14:  # BUILD
+                    if len(stack) - 2 < fence:
+                        raise End("broken")
+                    stack.pop()
+                    self._use(stack[-1], "state set")
+                elif kind == 15:  # STOP
+                    if len(stack) <= fence:
+                        raise End("broken")
+                    return stack[-1], pos
+                elif kind == 16:  # GLOBAL, INST
+                    mark = 0
+                    if op == 0x69:
+                        if not marks:
+                            raise End("broken")
+                        mark = marks.pop()
+                        fence = marks[-1] if marks else 0
+                    names, pos = self._global_lines(pos, "utf-8" if op == 0x63 else "ascii")
+                    found = self._unresolved(UNRESOLVED_LINE) if names is None else self._global(*names)
+                    if op == 0x69:
+                        del stack[mark:]
+                        push(self._made(found, "instantiated"))
+                    else:
+                        push(found)
+            elif kind <= 24:
+                if kind == 17:  # STACK_GLOBAL
+                    if len(stack) - 2 < fence:
+                        raise End("broken")
+                    name_value = stack.pop()
+                    module_value = stack.pop()
+                    push(self._stack_global(module_value, name_value))
+                elif kind == 18:  # OBJ
                     if not marks:
                         raise End("broken")
                     mark = marks.pop()
                     fence = marks[-1] if marks else 0
-                names, pos = self._global_lines(pos, "utf-8" if op == 0x63 else "ascii")
-                found = self._unresolved(UNRESOLVED_LINE) if names is None else self._global(*names)
-                if op == 0x69:
+                    if len(stack) - mark < 1:
+                        raise End("broken")
+                    target = stack[mark]
                     del stack[mark:]
-                    push(self._made(found, "instantiated"))
-                else:
-                    push(found)
-            elif op == 0x93:  # STACK_GLOBAL
-                if len(stack) - 2 < fence:
-                    raise End("broken")
-                name_value = stack.pop()
-                module_value = stack.pop()
-                push(self._stack_global(module_value, name_value))
-            elif op == 0x6F:  # OBJ
-                if not marks:
-                    raise End("broken")
-                mark = marks.pop()
-                fence = marks[-1] if marks else 0
-                if len(stack) - mark < 1:
-                    raise End("broken")
-                target = stack[mark]
-                del stack[mark:]
-                push(self._made(target, "instantiated"))
-            elif op == 0x80:  # PROTO
-                self._need(pos, 1)
-                if data[pos] > HIGHEST_PROTOCOL:
-                    raise End("broken")
-                self.proto = data[pos]
-                pos += 1
-            elif op == 0x95:  # FRAME: the unpickler reads it whole first
-                if pos <= self.frame_end:
-                    raise End("ambiguous")  # a frame inside a frame: pickle.dump writes them in a row
-                self._need(pos, 8)
-                size = int.from_bytes(data[pos : pos + 8], "little")
-                pos += 8
-                self._skip(pos, size)
-                self.frame_end = pos + size
-            elif op in _COUNTED_BYTES:  # BINBYTES, SHORT_BINBYTES, BINBYTES8, BYTEARRAY8, (SHORT_)BINSTRING
-                width = _COUNTED_BYTES[op]
-                self._need(pos, width)
-                size = int.from_bytes(data[pos : pos + width], "little")
-                pos += width
-                if op == 0x54 or op == 0x55:  # BINSTRING, SHORT_BINSTRING: str (torch's encoding utf-8)
-                    push(self._string(pos, size, "utf-8"))
-                else:  # bytes, never read: only their end must be in the file
+                    push(self._made(target, "instantiated"))
+                elif kind == 19:  # PROTO
+                    self._need(pos, 1)
+                    if data[pos] > HIGHEST_PROTOCOL:
+                        raise End("broken")
+                    self.proto = data[pos]
+                    pos += 1
+                elif kind == 20:  # FRAME: the unpickler reads it whole first
+                    if pos <= self.frame_end:
+                        raise End("ambiguous")  # a frame inside a frame: pickle.dump writes them in a row
+                    self._need(pos, 8)
+                    size = int.from_bytes(data[pos : pos + 8], "little")
+                    pos += 8
                     self._skip(pos, size)
-                    push(None)
-                pos += size
-            elif op == 0x32:  # DUP
-                if len(stack) <= fence:
-                    raise End("broken")
-                push(stack[-1])
-            elif op == 0x30:  # POP: a mark right at the top goes first
-                if marks and marks[-1] == len(stack):
-                    marks.pop()
-                    fence = marks[-1] if marks else 0
-                elif len(stack) <= fence:
-                    raise End("broken")
-                else:
-                    stack.pop()
-            elif op == 0x98:  # READONLY_BUFFER
-                if len(stack) <= fence:
-                    raise End("broken")
-            elif op == 0x51:  # BINPERSID: only the legacy object pickle has a persistent_load
+                    self.frame_end = pos + size
+                elif kind == 21:  # BINBYTES, SHORT_BINBYTES, BINBYTES8, BYTEARRAY8, (SHORT_)BINSTRING
+                    width = _COUNTED_BYTES[op]
+                    self._need(pos, width)
+                    size = int.from_bytes(data[pos : pos + width], "little")
+                    pos += width
+                    if op == 0x54 or op == 0x55:  # BINSTRING, SHORT_BINSTRING: str (torch's encoding utf-8)
+                        push(self._string(pos, size, "utf-8"))
+                    else:  # bytes, never read: only their end must be in the file
+                        self._skip(pos, size)
+                        push(None)
+                    pos += size
+                elif kind == 22:  # DUP
+                    if len(stack) <= fence:
+                        raise End("broken")
+                    push(stack[-1])
+                elif kind == 23:  # POP: a mark right at the top goes first
+                    if marks and marks[-1] == len(stack):
+                        marks.pop()
+                        fence = marks[-1] if marks else 0
+                    elif len(stack) <= fence:
+                        raise End("broken")
+                    else:
+                        stack.pop()
+                elif kind == 24:  # READONLY_BUFFER
+                    if len(stack) <= fence:
+                        raise End("broken")
+            elif kind == 25:  # BINPERSID: only the legacy object pickle has a persistent_load
                 if not persistent or len(stack) <= fence:
                     raise End("broken")
                 stack[-1] = UNKNOWN
-            elif op in _TEXT:
+            elif kind == 26:  # INT, LONG, FLOAT, STRING, UNICODE, GET, PUT, PERSID: a text line
                 value, pos = self._text_op(op, pos, stack, fence=fence, persistent=persistent)
                 if op != 0x70:  # PUT pushes nothing
                     push(value)
@@ -246,12 +250,42 @@ class _Walker(WalkState):
         raise End("broken")  # unreachable: the loop runs out of data first
 
 
-_FROM_MARK = frozenset(b"eu\x90tld\x911")
+_OPCODES: tuple[bytes, ...] = (
+    b"\x8cX\x8d",  # 1 strings
+    b"\x94",  # 2 MEMOIZE
+    b"qr",  # 3 BINPUT, LONG_BINPUT
+    b"hj",  # 4 BINGET, LONG_BINGET
+    b"KMJG",  # 5 fixed-size numbers
+    b"(",  # 6 MARK
+    b"eu\x90tld\x911",  # 7 to the mark
+    b"N\x88\x89])}\x8f",  # 8 constants
+    b"\x85\x86\x87",  # 9 TUPLE1-3
+    b"as",  # 10 APPEND, SETITEM
+    b"\x8a\x8b",  # 11 LONG1, LONG4
+    b"R",  # 12 REDUCE
+    b"\x81\x92",  # 13 NEWOBJ, NEWOBJ_EX
+    b"b",  # 14 BUILD
+    b".",  # 15 STOP
+    b"ci",  # 16 GLOBAL, INST
+    b"\x93",  # 17 STACK_GLOBAL
+    b"o",  # 18 OBJ
+    b"\x80",  # 19 PROTO
+    b"\x95",  # 20 FRAME
+    b"BC\x8e\x96TU",  # 21 counted bytes and byte strings
+    b"2",  # 22 DUP
+    b"0",  # 23 POP
+    b"\x98",  # 24 READONLY_BUFFER
+    b"Q",  # 25 BINPERSID
+    b"ILFSVgpP",  # 26 text arguments
+)
+"""The opcodes the walk follows, by kind (its position, from 1): the loop tests at most about a
+dozen kinds for any opcode (in groups of eight, the commonest first), so no opcode is slow."""
+_REFUSED = len(_OPCODES) + 1
+_KIND = bytes(next((k for k, ops in enumerate(_OPCODES, 1) if op in ops), _REFUSED) for op in range(256))
+"""Each byte's kind; _REFUSED for the bytes the unpickler refuses (EXT1/2/4, NEXT_BUFFER, unknown)."""
 _INTO_BELOW = frozenset(b"eu\x90")
 _BUILDS = frozenset(b"tld\x91")
-_PUSHES_OPAQUE = frozenset(b"N\x88\x89])}\x8f")
 _COUNTED_BYTES = {0x42: 4, 0x43: 1, 0x8E: 8, 0x96: 8, 0x54: 4, 0x55: 1}
-_TEXT = frozenset(b"ILFSVgpP")
 
 
 def walk_pickles(data: bytes | mmap.mmap, end: int, size: int, *, until_code: bool = False) -> Walk:

@@ -164,7 +164,8 @@ class WalkState:
         """The line's bytes up to a NUL (what C's string functions see), or None when too long."""
         if stop - start > MAX_LINE_COPY:
             return None
-        return bytes(self.data[start:stop]).split(b"\0", 1)[0]
+        text = self.data[start:stop]  # bytes, from bytes or a map
+        return text.split(b"\0", 1)[0] if b"\0" in text else text
 
     def _string(self, start: int, size: int, encoding: str, *, errors: str = "strict") -> object:
         """A counted string: decoded as the unpickler decodes it, or unknown when too long to keep
