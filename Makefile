@@ -45,7 +45,7 @@ demo: $(STAMP)
 	$(PY) scripts/demo.py demo
 
 test: $(STAMP) fixtures
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check tieaudit tests fixtures bench scripts fuzz

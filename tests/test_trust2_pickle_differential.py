@@ -284,8 +284,10 @@ DELIBERATE: dict[str, str] = {
         "keys N and 'N'): refused, never resolved by keeping one (issue 23, point 4)"
     ),
     r"dict key of type|integer of N bytes|contains itself|holds more than|deeper than"
-    r"|too large to address|dimensions; at most|too large for torch": (
-        "bounds that keep reading cheap (key hashing, width, nesting, size)"
+    r"|too large to address|dimensions; at most|too large for torch|over its pickle budget"
+    r"|MAX_KEY_COLLISIONS": (
+        "bounds that keep reading cheap (key hashing, width, nesting, size, the pickle budget, keys "
+        "of one hash)"
     ),
     r"compressed; storages must be stored|marked as a folder|storage key list"
     r"|bytes are not in the file|listed but no tensor": (

@@ -23,6 +23,8 @@ from tieaudit.formats.pickle_budget import (
 
 MAX_DEPTH = 200
 """Containers (and MARKs) nested deeper than this are refused; real checkpoints nest below 20."""
+MIN_KEPT_READ = 64
+"""Values shorter than this are read again at each call rather than have their cost kept."""
 DISTINCT_INTS = 2**61 - 1
 """CPython hashes an int to itself modulo this prime: ints nearer 0 than it never share a hash."""
 
@@ -34,9 +36,7 @@ class PickleError(Exception):
 class Ledger:
     """Depths, tuple hash costs and dict keys of one pickle's values, and their charges."""
 
-    def __init__(
-        self, budget: PickleBudget, keyable: tuple[type, ...], containers: frozenset[type]
-    ) -> None:
+    def __init__(self, budget: PickleBudget, keyable: tuple[type, ...], containers: frozenset[type]) -> None:
         self.budget = budget
         self.scalar_keys = keyable
         """Types accepted as dict keys as they are (tuples of them are accepted too)."""
@@ -56,6 +56,11 @@ class Ledger:
         """The first dict key seen with each hash (strings and small ints aside)."""
         self.collisions = 0
         """Dict keys seen whose hash an earlier, different key had."""
+        self.paid = 0
+        """Units of the call being charged that were charged already (keys hashed as met)."""
+        self.read_costs: dict[int, tuple[object, int, int]] = {}
+        """What a call's reading a value costs, by id: the value (keeping the id), its length then,
+        the units; kept only for values that change by growing, if at all."""
 
     # ------------------------------------------------------------------ depth
 
@@ -155,12 +160,12 @@ class Ledger:
         self._track(key)
         return key
 
-    def _track(self, key: object) -> None:
+    def _track(self, key: object) -> object:
         """Count key if its hash is an earlier, different key's (each such key makes every insertion
-        of the next ones probe past it)."""
+        of the next ones probe past it); the first key seen with its hash."""
         first = self.key_hashes.setdefault(hash(key), key)
         if first is key:
-            return
+            return first
         self.budget.charge(VISIT_UNITS * self.hash_cost(key), "comparing dict keys of one hash")
         if first != key:
             self.collisions += 1
@@ -169,17 +174,23 @@ class Ledger:
                     f"has more than MAX_KEY_COLLISIONS ({MAX_KEY_COLLISIONS}) dict keys whose hash a "
                     "different key has too (keys chosen to collide make every insertion probe them all)"
                 )
+        return first
 
-    def pair_key(self, pair: object) -> None:
-        """pair may become a dict entry in a call (OrderedDict(items)): its key is charged and
-        counted as one, without refusing what the call may refuse itself."""
+    def pair_key(self, pair: object) -> tuple[int, bool]:
+        """pair may become a dict entry in a call (OrderedDict(items)): hashing its key is charged
+        (counted as one, without refusing what the call may refuse itself); the units charged, and
+        whether hashing it again would count nothing more (it is the first key of its hash)."""
         key = pair[0]  # type: ignore[index]
         kind = type(key)
         if kind is str or (kind is int and -DISTINCT_INTS < key < DISTINCT_INTS):
-            return
-        self.budget.charge(VISIT_UNITS * self.hash_cost(key) + ENTRY_UNITS, "hashing a dict key")
-        if self.keyable(key):
-            self._track(key)
+            return 0, True
+        units = VISIT_UNITS * self.hash_cost(key) + ENTRY_UNITS
+        self.budget.charge(units, "hashing a dict key")  # before hashing it: a tuple may be a DAG
+        if not self.keyable(key):
+            return units, True
+        before = self.collisions
+        first = self._track(key)
+        return units, self.collisions == before and first is key
 
     # ------------------------------------------------------------------ calls
 
@@ -187,24 +198,84 @@ class Ledger:
         """Charge what a call may read of its arguments before it runs: every element of each
         argument, the elements of the containers among those (a tensor rebuild copies a size list
         from there, rebuild_from_type_v2 one level further), every string's characters, and the
-        hashing of every key that a dict argument or a list of pairs puts in a new dict."""
-        units = SLOT_UNITS * (len(args) + 1)
-        for arg in args:
-            kind = type(arg)
-            if kind is tuple or kind is list:
-                units += VISIT_UNITS * len(arg)  # type: ignore[arg-type]
-                if id(arg) in self.depths:  # it holds containers (pairs, size lists)
-                    for item in arg:  # type: ignore[attr-defined]
-                        units += self._inner(item)
-                        if type(item) in (tuple, list) and len(item) == 2:
-                            self.pair_key(item)
-            elif kind is str or kind is bytes:
-                units += len(arg)  # type: ignore[arg-type]
-            elif kind in self.dicts:
-                units += VISIT_UNITS * len(arg)  # type: ignore[arg-type]
-                for key, item in arg.items():  # type: ignore[attr-defined]
-                    units += self._inner(item) + VISIT_UNITS * (self.hash_cost(key) - 1)
+        hashing of every key that a dict argument or a list of pairs puts in a new dict.
+
+        A pickle can hand one memo'd value to a call thousands of times: what reading it costs is
+        worked out once and kept (``read_costs``) where it cannot change, so each further call is
+        charged the same units for the work of a lookup, and the budget counts calls, not our own
+        scans of them."""
+        units = self._known(args)
+        if units < 0:
+            self.paid = 0
+            units, fixed = SLOT_UNITS * (len(args) + 1), True
+            for arg in args:
+                cost, same = self._argument(arg)
+                units += cost
+                fixed = fixed and same and type(arg) is not list  # a list may grow
+            self._keep(args, units, fixed)
+            units -= self.paid
         self.budget.charge(units, what)
+
+    def _known(self, value: object) -> int:
+        """The units kept for value at its current length, or -1."""
+        kept = self.read_costs.get(id(value))
+        if kept is not None and kept[0] is value and kept[1] == len(value):  # type: ignore[arg-type]
+            return kept[2]
+        return -1
+
+    def _keep(self, value: object, units: int, fixed: bool) -> None:
+        """Keep what reading value costs, if nothing in it can change but value's own length (lists
+        only grow, by APPEND(S); tuples and strings never change) and the keeping pays for itself."""
+        if fixed and len(value) >= MIN_KEPT_READ:  # type: ignore[arg-type]
+            self.budget.charge(REGISTER_UNITS, "keeping what reading a value costs")
+            self.read_costs[id(value)] = (value, len(value), units)  # type: ignore[arg-type]
+
+    def _argument(self, arg: object) -> tuple[int, bool]:
+        """What a call may read of arg, and whether that can change only with arg's length."""
+        kind = type(arg)
+        if kind is str or kind is bytes:
+            return len(arg), True  # type: ignore[arg-type]
+        if kind is tuple or kind is list:
+            if id(arg) not in self.depths:  # it holds no containers
+                return VISIT_UNITS * len(arg), True  # type: ignore[arg-type]
+            units = self._known(arg)
+            if units >= 0:
+                return units, True
+            units, fixed = VISIT_UNITS * len(arg), True  # type: ignore[arg-type]
+            depths = self.depths
+            for item in arg:  # type: ignore[attr-defined]
+                units += self._inner(item)
+                inner = type(item)
+                if inner is list or inner is tuple:
+                    if len(item) == 2:
+                        cost, same = self.pair_key(item)  # charged already
+                        units += cost
+                        self.paid += cost
+                        fixed = fixed and same
+                    fixed = fixed and inner is tuple and id(item) not in depths
+                elif inner in self.containers:
+                    fixed = False
+            self._keep(arg, units, fixed)
+            return units, True
+        if kind in self.dicts:
+            units = self._known(arg)
+            if units >= 0:
+                return units, False
+            units, fixed, depths = VISIT_UNITS * len(arg), True, self.depths  # type: ignore[arg-type]
+            for key, item in arg.items():  # type: ignore[attr-defined]
+                units += self._inner(item) + VISIT_UNITS * (self.hash_cost(key) - 1)
+                inner = type(item)
+                if inner in self.containers and (inner is not tuple or id(item) in depths):
+                    fixed = False
+            self._keep(arg, units, fixed)  # SETITEM(S) into it forgets this (``changed``)
+            return units, False
+        return 0, True  # nothing it holds is read
+
+    def changed(self, holder: object) -> None:
+        """SETITEM(S) put a value in holder, perhaps in place of another: what reading it costs
+        must be worked out again."""
+        if self.read_costs:
+            self.read_costs.pop(id(holder), None)
 
     def _inner(self, item: object) -> int:
         """What a call may read of item, an element of one of its arguments."""

@@ -125,6 +125,7 @@ class PickleVM:
         if budget.left < 0:
             budget.over("SETITEM(S)")
         holder[ledger.key(key)] = value
+        ledger.changed(holder)
         ledger.grow(holder, value)
         if holder is not target:
             ledger.grow(target, holder)

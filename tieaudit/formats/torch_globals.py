@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from tieaudit.core.dtypes import ITEMSIZE
 from tieaudit.formats import torch_kinds
+from tieaudit.formats.torch_builtins import BUILTINS
 from tieaudit.formats.torch_records import GRAD_DTYPES as GRAD_DTYPES  # the tests check it here
 from tieaudit.formats.torch_records import (
     LABEL_ITEMSIZE,
@@ -242,26 +243,6 @@ def rebuild_from_type_v2(*args: object) -> object:
     return result
 
 
-def _encode(text: object, encoding: object = "utf-8") -> bytes:
-    # Protocol 2 spells bytes as _codecs.encode(str, "latin1"); only that and UTF-8 are accepted.
-    if not isinstance(text, str) or encoding not in ("latin1", "latin-1", "utf-8", "utf8"):
-        bad("_codecs.encode called with unexpected arguments")
-    try:
-        return text.encode("latin-1" if encoding in ("latin1", "latin-1") else "utf-8")
-    except UnicodeEncodeError:
-        bad("_codecs.encode of text that does not encode (torch fails too)")
-
-
-def _labelled(kind: str, check: Callable[..., bool]) -> Callable[..., Opaque]:
-    def stand_in(*args: object) -> Opaque:
-        # Never builds what the arguments ask for (a range, a sized buffer): only checks them.
-        if not check(*args):
-            bad(f"{kind} called with arguments tieaudit does not accept")
-        return Opaque(kind)
-
-    return stand_in
-
-
 _DEVICE = re.compile(r"([a-z]+)(?::(0|[1-9][0-9]{0,8}))?")
 """A device string as torch.device parses it: a type, then an index without leading zeros (nine
 digits always fit the int torch parses it into; ten may not, and are refused here)."""
@@ -285,30 +266,6 @@ def _device(kind: object = None, index: object = _UNSET) -> bool:
     return index is None or (type(index) is int and 0 <= index <= MAX_INT64)
 
 
-def _complex(*args: object) -> bool:
-    if len(args) > 2 or not all(type(arg) in (int, float, str) for arg in args):
-        return False
-    try:
-        complex(*args)  # type: ignore[call-overload]
-    except (TypeError, ValueError, OverflowError):
-        return False
-    return True
-
-
-def _scalars(*args: object) -> bool:
-    scalars = (str, int, float, bool, type(None), bytes, DtypeToken)
-    if len(args) > 1 or (args and type(args[0]) not in (list, tuple)):
-        return False
-    return all(isinstance(item, scalars) for item in args[0]) if args else True  # type: ignore[attr-defined]
-
-
-def _bytearray(*args: object) -> bool:
-    if len(args) == 2:
-        _encode(args[0], args[1])
-        return True
-    return len(args) <= 1 and all(type(arg) is bytes for arg in args)
-
-
 def _size(*args: object) -> Opaque:
     if len(args) > 1 or (args and len(_ints(args[0], "torch.Size")) > 64):
         bad("torch.Size called with arguments tieaudit does not accept")
@@ -330,9 +287,12 @@ def _ordered_dict(*args: object) -> StateDict:
     if len(args) > 1 or (args and type(args[0]) not in (dict, StateDict, list, tuple)):
         bad("OrderedDict called with unexpected arguments")
     if args and type(args[0]) in (list, tuple):
-        if not all(type(pair) in (list, tuple) and len(pair) == 2 for pair in args[0]):  # type: ignore[attr-defined]
+        if not _PAIRS.issuperset(map(type, args[0])) or set(map(len, args[0])) - {2}:  # type: ignore[call-overload]
             bad("OrderedDict called with items that are not pairs")
     return StateDict(*args)
+
+
+_PAIRS = frozenset((list, tuple))
 
 
 def _counter(*args: object) -> CounterDict:
@@ -347,15 +307,12 @@ def _functions() -> dict[str, Global]:
     }
     singles: dict[str, Callable[..., object]] = {
         "torch._tensor._rebuild_from_type_v2": rebuild_from_type_v2,
-        "_codecs.encode": _encode,
         "torch.Size": _size,
         "torch.device": _named_label("torch.device", _device),
         "torch.serialization._get_layout": _named_label(
             "torch.layout", lambda *a: len(a) == 1 and a[0] in LAYOUTS
         ),
-        "builtins.set": _labelled("set", _scalars),
-        "builtins.complex": _labelled("complex", _complex),
-        "builtins.bytearray": _labelled("bytearray", _bytearray),
+        **BUILTINS,
     }
     functions.update({name: Global(name, call=f) for name, f in singles.items()})
     functions["collections.OrderedDict"] = Global(

@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 
 from tieaudit.core.dtypes import ITEMSIZE
 from tieaudit.formats.pickle_vm import PickleError
+from tieaudit.formats.viewable import MAX_DIMS
 
 MAX_INT64 = 2**63 - 1
 """torch keeps sizes, strides, offsets and element counts as int64; larger values are refused
@@ -234,10 +235,12 @@ def check_ints(value: object, what: str) -> tuple[int, ...]:
     """value as a tuple (or list) of non-negative int64s, or refuse."""
     if type(value) is not tuple and type(value) is not list:
         bad(f"{what} is {type(value).__name__}, expected a tuple of ints")
+    if len(value) > MAX_DIMS:  # counted before a single dimension is looked at
+        bad(f"{what} has {len(value)} dimensions; at most {MAX_DIMS} can be viewed")
     items: tuple[object, ...] = tuple(value)
-    for item in items:
-        if type(item) is not int or item < 0 or item > MAX_INT64:
-            return tuple(check_int(each, what) for each in items)  # raises, naming the problem
+    # At C speed: a memo'd size list may be handed to thousands of rebuilds.
+    if items and (set(map(type, items)) != {int} or min(items) < 0 or max(items) > MAX_INT64):  # type: ignore[type-var,operator]
+        return tuple(check_int(each, what) for each in items)  # raises, naming the problem
     return items  # type: ignore[return-value]
 
 
