@@ -31,10 +31,12 @@ from tieaudit.formats.pickle_budget import LEAF_UNITS, NODE_UNITS, TENSOR_UNITS,
 from tieaudit.formats.pickle_globals import Named
 from tieaudit.formats.pickle_vm import MAX_DEPTH
 from tieaudit.formats.torch_records import (
+    CounterDict,
     DtypeToken,
     Opaque,
     OpaqueTensor,
     Placeholder,
+    StateDict,
     StorageRef,
     TensorRecord,
     element_size,
@@ -75,6 +77,8 @@ class _Stop(Exception):
 Walked = dict[object, object] | list[object] | tuple[object, ...] | Placeholder
 WALKED = (dict, list, tuple, Placeholder)
 """Values whose parts are walked: containers, and placeholders (what an unknown class held)."""
+ATTRIBUTED = (TensorRecord, OpaqueTensor, StateDict, CounterDict)
+"""Values loading may set attributes on (kept by the pickle hooks as ``attributes``)."""
 
 
 def _items(value: Walked) -> list[tuple[str, object]] | Iterable[tuple[str, object]]:
@@ -84,6 +88,12 @@ def _items(value: Walked) -> list[tuple[str, object]] | Iterable[tuple[str, obje
     if isinstance(value, Placeholder):
         return value.parts()
     return ((str(index), item) for index, item in enumerate(value))
+
+
+def _attributes(value: object) -> dict[object, object] | None:
+    """Attributes loading sets on value (a tensor's, an OrderedDict's), which torch.load returns
+    with it: walked under value's name, so the tensors among them are never dropped."""
+    return getattr(value, "attributes", None) if isinstance(value, ATTRIBUTED) else None
 
 
 def _nonempty(value: Walked) -> bool:
@@ -109,7 +119,8 @@ def _count(root: object, path: str) -> int:
             raise _Stop(f"is nested deeper than {MAX_DEPTH} levels")
         counts[id(value)] = -1
         total = 1
-        for key, item in _items(value):
+        extra = _attributes(value)
+        for key, item in _items(value) if extra is None else [*_items(value), ("", extra)]:
             if isinstance(item, WALKED) and _nonempty(item):
                 try:
                     total += count(item, depth + 1)
@@ -118,15 +129,18 @@ def _count(root: object, path: str) -> int:
                     raise
             else:
                 total += 1
+                if (attributes := _attributes(item)) is not None:
+                    total += count(attributes, depth + 1)
             if total > MAX_VISITS:
                 raise _Stop(f"holds more than {MAX_VISITS} entries (or shared containers)")
         counts[id(value)] = total
         return total
 
-    if not isinstance(root, WALKED):
-        return 1
     try:
-        return count(root, 0)
+        if isinstance(root, WALKED):
+            return count(root, 0)
+        attributes = _attributes(root)  # a tensor at the root, perhaps with attributes
+        return 1 if attributes is None else 1 + count(attributes, 1)
     except _Stop as stop:
         name = _joined(reversed(stop.keys), 200) or ROOT_NAME
         raise InputError(f"container {name!r} {stop.problem}", path) from None
@@ -167,6 +181,7 @@ def _leaves(root: object, path: str, budget: PickleBudget) -> list[tuple[str, ob
             add((name or ROOT_NAME, value))
             if isinstance(value, TENSORS):
                 budget.charge(TENSOR_UNITS, f"the tensor named {_shown(name)}")
+                attached(name, _attributes(value))
                 return True
             return False
         first = len(leaves)
@@ -182,7 +197,7 @@ def _leaves(root: object, path: str, budget: PickleBudget) -> list[tuple[str, ob
             budget.left -= LEAF_UNITS + len(prefix) + len(key)
             if budget.left < 0:
                 budget.over(f"naming {_shown(prefix + key)}")
-            if not walked:
+            if not walked and _attributes(item) is None:
                 add((prefix + key, item))
                 if isinstance(item, TENSORS):
                     budget.charge(TENSOR_UNITS, f"the tensor named {_shown(prefix + key)}")
@@ -192,6 +207,17 @@ def _leaves(root: object, path: str, budget: PickleBudget) -> list[tuple[str, ob
         if isinstance(value, Placeholder) and not found:
             del leaves[first:]
             add((name or ROOT_NAME, value))
+        return attached(name, _attributes(value)) or found
+
+    def attached(name: str, attributes: dict[object, object] | None) -> bool:
+        """List the tensors among attributes under name (``w.extra``); attributes holding none
+        (an OrderedDict's module versions) add nothing."""
+        if not attributes:
+            return False
+        first = len(leaves)
+        found = walk(name, attributes)
+        if not found:
+            del leaves[first:]
         return found
 
     try:

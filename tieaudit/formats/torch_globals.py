@@ -11,6 +11,7 @@ ever resolved here.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable
@@ -166,16 +167,20 @@ def rebuild_parameter(*args: object) -> object:
     return parameter(args[0], args[1])
 
 
-def check_state(state: object) -> None:
-    """torch._utils._set_obj_state's rules: attributes set on a tensor must leave its data alone."""
+def with_state(tensor: object, state: object) -> object:
+    """tensor with the attributes state sets on it, by torch._utils._set_obj_state's rules:
+    attributes must leave its data alone. They are kept on the record (flattening lists the
+    tensors among them), never dropped."""
     dict_state, slots_state = state if isinstance(state, tuple) and len(state) == 2 else (state, None)
     if isinstance(state, tuple) and len(state) != 2:
         bad("invalid serialized tensor state (torch refuses it)")
+    attributes: dict[str, object] = {}
     for part in (dict_state, slots_state):
         if not part:
             continue
         if not isinstance(part, dict):
             bad(f"tensor attribute state is a {type(part).__name__}, not a dict")
+        attributes.update(part)
         for key in part:
             if type(key) is not str:
                 bad(f"a tensor attribute named by a {type(key).__name__}")
@@ -184,13 +189,15 @@ def check_state(state: object) -> None:
                     f"a tensor sets its attribute {key[:40]!r} while loading, which changes what torch "
                     "returns; torch and tieaudit could read different data"
                 )
+    if not attributes or not isinstance(tensor, (TensorRecord, OpaqueTensor)):
+        return tensor
+    return dataclasses.replace(tensor, attributes={**(tensor.attributes or {}), **attributes})
 
 
 def rebuild_parameter_with_state(*args: object) -> object:
     """``_rebuild_parameter_with_state(data, requires_grad, backward_hooks, state)``."""
     _arity("_rebuild_parameter_with_state", args, 4)
-    check_state(args[3])
-    return parameter(args[0], args[1])
+    return with_state(parameter(args[0], args[1]), args[3])
 
 
 def rebuild_meta(*args: object) -> OpaqueTensor:
@@ -239,8 +246,7 @@ def rebuild_from_type_v2(*args: object) -> object:
         made = Placeholder(new_type.name, made=True, args=(result,))
         made.states = [state]
         return made
-    check_state(state)
-    return result
+    return with_state(result, state)
 
 
 _DEVICE = re.compile(r"([a-z]+)(?::(0|[1-9][0-9]{0,8}))?")

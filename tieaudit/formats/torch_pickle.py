@@ -178,8 +178,10 @@ class TorchHooks:
             return
         # torch's BUILD sets a tensor's storage view (set_) or a Parameter's state: refused here,
         # since it would change what an already checked record means. OrderedDict and Counter
-        # only take attributes (torch keeps module versions there), ignored.
-        if type(inst) in (StateDict, CounterDict) and type(state) in (dict, StateDict):
+        # only take attributes (torch keeps module versions there): kept, so that flattening
+        # lists the tensors among them.
+        if isinstance(inst, (StateDict, CounterDict)) and type(state) in (dict, StateDict):
+            inst.attributes = {**(inst.attributes or {}), **state}  # type: ignore[dict-item]
             return
         bad(f"BUILD on a {_named(inst)} value")
 

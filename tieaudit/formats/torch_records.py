@@ -8,7 +8,7 @@ from __future__ import annotations
 import reprlib
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from tieaudit.core.dtypes import ITEMSIZE
@@ -106,6 +106,9 @@ class TensorRecord:
     """Stride in elements per dimension (non-negative)."""
     flags: frozenset[str] = NO_FLAGS
     """Set bits of torch's tensor metadata (``conj``, ``neg``): stored bytes are not the values."""
+    attributes: dict[str, object] | None = field(default=None, compare=False, repr=False)
+    """Attributes loading sets on the tensor (``t.extra``), where the pickle gives any: listed
+    under the tensor's name when they hold tensors, since torch.load returns them."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,8 @@ class OpaqueTensor:
     """torch dtype name of its elements (its values' for a sparse tensor)."""
     shape: tuple[int, ...] | None
     """Size per dimension; None where torch gives none (a nested tensor's ragged dims)."""
+    attributes: dict[str, object] | None = field(default=None, compare=False, repr=False)
+    """Attributes loading sets on it, as for a TensorRecord."""
 
 
 @dataclass(frozen=True)
@@ -220,9 +225,16 @@ def key_name(key: object) -> str:
 class StateDict(OrderedDict[Any, Any]):
     """Stand-in for ``collections.OrderedDict``."""
 
+    attributes: dict[str, object] | None = None
+    """Attributes BUILD set on it (torch keeps module versions in ``_metadata``): listed under its
+    name when they hold tensors, since torch.load returns them."""
+
 
 class CounterDict(dict[Any, Any]):
     """Stand-in for ``collections.Counter``."""
+
+    attributes: dict[str, object] | None = None
+    """Attributes BUILD set on it, as for a StateDict."""
 
 
 def check_arity(name: str, args: tuple[object, ...], *counts: int) -> None:

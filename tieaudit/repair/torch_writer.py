@@ -88,12 +88,15 @@ def walk_leaves(torch: Any, root: Any, visit: VisitLeaf) -> Any:
 
     def walk(name: str, value: Any) -> Any:
         if not _is_container(torch, value):
-            return visit(name or ROOT_NAME, value)
+            new = visit(name or ROOT_NAME, value)
+            attached(name, new)
+            return new
         if isinstance(value, dict):
             for key, item in list(value.items()):
                 new = walk(f"{name}.{key_name(key)}" if name else key_name(key), item)
                 if new is not item:
                     value[key] = new
+            attached(name, value)
             return value
         items = [walk(f"{name}.{index}" if name else str(index), item) for index, item in enumerate(value)]
         changed = [index for index, (new, old) in enumerate(zip(items, value, strict=True)) if new is not old]
@@ -103,7 +106,34 @@ def walk_leaves(torch: Any, root: Any, visit: VisitLeaf) -> Any:
             return value
         return tuple(items) if changed else value
 
+    def attached(name: str, owner: Any) -> None:
+        # Attributes loading set (a tensor's, an OrderedDict's), walked as the reader walks them:
+        # under the owner's name, and only where they hold a tensor.
+        attributes = _attributes(torch, owner)
+        if attributes and _holds_tensor(torch, attributes):
+            for key, item in list(attributes.items()):
+                new = walk(f"{name}.{key_name(key)}" if name else key_name(key), item)
+                if new is not item:
+                    attributes[key] = new
+
     return walk("", root)
+
+
+def _attributes(torch: Any, value: Any) -> dict[Any, Any] | None:
+    """The attributes torch.load set on value (its ``__dict__``): a tensor's, a dict subclass's."""
+    if isinstance(value, torch.Tensor) or (isinstance(value, dict) and type(value) is not dict):
+        return getattr(value, "__dict__", None)
+    return None
+
+
+def _holds_tensor(torch: Any, value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    items = value.values() if isinstance(value, dict) else value if _is_container(torch, value) else ()
+    attributes = _attributes(torch, value)
+    return any(_holds_tensor(torch, item) for item in items) or bool(
+        attributes and _holds_tensor(torch, attributes)
+    )
 
 
 def named_tensors(torch: Any, root: Any, path: str) -> dict[str, Any]:
@@ -127,15 +157,18 @@ def named_tensors(torch: Any, root: Any, path: str) -> dict[str, Any]:
 def stand_in(torch: Any, kept: Any, dropped: Any, *, transposed: bool) -> Any:
     """What takes the dropped entry's place: kept itself, or its transpose as a view of its storage.
 
-    The entry's type and requires_grad stay as they were: a Parameter stays a Parameter (sharing
-    kept's storage), a plain tensor of a state dict stays a plain tensor.
+    The entry's type, requires_grad and attributes stay as they were: a Parameter stays a Parameter
+    (sharing kept's storage), a plain tensor of a state dict stays a plain tensor.
     """
     view = kept.detach().t() if transposed else kept
-    if type(view) is type(dropped) and view.requires_grad == dropped.requires_grad:
+    if type(view) is type(dropped) and view.requires_grad == dropped.requires_grad and not dropped.__dict__:
         return view
     if isinstance(dropped, torch.nn.Parameter):
-        return torch.nn.Parameter(view.detach(), requires_grad=dropped.requires_grad)
-    return view.detach().requires_grad_(dropped.requires_grad)
+        made = torch.nn.Parameter(view.detach(), requires_grad=dropped.requires_grad)
+    else:
+        made = view.detach().requires_grad_(dropped.requires_grad)
+    made.__dict__.update(dropped.__dict__)  # the dropped entry's attributes stay with its name
+    return made
 
 
 def _check(decision: Decision, tensors: dict[str, Any], path: str) -> None:
