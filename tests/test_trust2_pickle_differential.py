@@ -299,7 +299,7 @@ DELIBERATE: dict[str, str] = {
     ),
     r"not recognised as a torch.save file": "a legacy stream whose magic-number pickle is spelled otherwise",
     r"(REDUCE|NEWOBJ) with arguments of type": "call arguments not in a tuple (torch unpacks any iterable)",
-    r"reaches byte N of storage": "a view past its storage, packed quint4x2/quint2x4 at a byte an element",
+    r"reaches byte N of storage": "a view past its storage",
     r"which tieaudit does not run|, not a tensor": (
         "calls of allowed classes torch.save never writes (Storage(n), legacy constructors, set.__new__)"
     ),

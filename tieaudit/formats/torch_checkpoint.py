@@ -39,8 +39,8 @@ from tieaudit.formats.torch_records import (
     StateDict,
     StorageRef,
     TensorRecord,
-    element_size,
     key_name,
+    packed_end,
 )
 from tieaudit.formats.viewable import check_viewable
 
@@ -270,10 +270,9 @@ def _unread(name: str, record: TensorRecord | OpaqueTensor, path: str, *, file: 
 
 def _check_view(name: str, record: TensorRecord, path: str) -> None:
     """The view stays inside its storage, as torch's set_ requires (for every dtype, viewable or not)."""
-    size = element_size(record.dtype)
     last = sum((dim - 1) * stride for dim, stride in zip(record.shape, record.strides, strict=True))
     numel_zero = any(dim == 0 for dim in record.shape)
-    end = record.offset * size if numel_zero else (record.offset + last + 1) * size
+    end = packed_end(record.offset if numel_zero else record.offset + last + 1, record.dtype)
     if end > record.storage.nbytes:
         raise InputError(
             f"tensor {name[:200]!r} reaches byte {end} of storage {record.storage.key[:40]!r}, "

@@ -28,7 +28,7 @@ from tieaudit.formats.torch_records import (
     check_int,
     check_ints,
     check_requires_grad,
-    element_size,
+    packed_end,
 )
 
 SPARSE_LAYOUTS = frozenset(f"torch.sparse_{name}" for name in ("coo", "csr", "csc", "bsr", "bsc"))
@@ -56,7 +56,7 @@ def _fits(storage: StorageRef, offset: int, shape: tuple[int, ...], *, strides: 
         bad(f"tensor has {len(shape)} sizes but {len(strides)} strides")
     last = sum((dim - 1) * stride for dim, stride in zip(shape, strides, strict=True))
     end = offset if 0 in shape else offset + last + 1
-    if end * element_size(storage.dtype) > storage.nbytes:
+    if packed_end(end, storage.dtype) > storage.nbytes:
         bad(f"a view reaching element {end} of a storage of {storage.numel} elements (torch refuses it)")
 
 

@@ -20,6 +20,14 @@ MAX_INT64 = 2**63 - 1
 before any arithmetic (torch itself fails on them)."""
 
 QUANTIZED_ITEMSIZE: dict[str, int] = {"qint8": 1, "quint8": 1, "qint32": 4, "quint4x2": 1, "quint2x4": 1}
+PACKED: dict[str, int] = {"quint4x2": 2, "quint2x4": 4}
+"""Elements per byte of the sub-byte quantized dtypes: torch's view bound counts the bytes their
+packed elements take (8 quint4x2 elements fit a storage of 4)."""
+
+
+def packed_end(end: int, dtype: str) -> int:
+    """Bytes a view ending before element end takes of a storage of dtype, as torch's set_ counts."""
+    return -(-end // PACKED.get(dtype, 1)) * element_size(dtype)
 """Quantized dtypes (torch's QInt8Storage and friends): their tensors are listed, never viewed."""
 LABEL_ITEMSIZE: dict[str, int] = {
     "complex32": 4, "float4_e2m1fn_x2": 1, "float8_e8m0fnu": 1, "bits16": 2, "bits1x8": 1,
