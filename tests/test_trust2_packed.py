@@ -9,9 +9,11 @@ tensors it does not read, and refuses exactly the views torch's set_ refuses.
 from __future__ import annotations
 
 import json
+import pickletools
 import subprocess
 import sys
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -44,20 +46,20 @@ def test_packed_tensors_torch_loads_are_listed(tmp_path: Path, dtype: str, shape
     out = inspect(path)
     assert out.returncode == 0, out.stderr
     unread = json.loads(out.stdout)["unread_tensors"]
-    assert [(entry["name"], entry["dtype"], tuple(entry["shape"])) for entry in unread] == [("q", dtype, shape)]
+    assert [(entry["name"], entry["dtype"], tuple(entry["shape"])) for entry in unread] == [
+        ("q", dtype, shape)
+    ]
 
 
-@pytest.mark.parametrize(("dtype", "size", "offset"), [("quint4x2", 9, 0), ("quint4x2", 8, 1), ("quint2x4", 9, 0)])
+@pytest.mark.parametrize(
+    ("dtype", "size", "offset"), [("quint4x2", 9, 0), ("quint4x2", 8, 1), ("quint2x4", 9, 0)]
+)
 def test_views_past_the_packed_bytes_are_refused_as_torch_refuses_them(
     tmp_path: Path, dtype: str, size: int, offset: int
 ) -> None:
     """A view torch's set_ refuses is refused: the same storage, a larger size or offset."""
-    import pickletools
-
     path = tmp_path / "packed.pt"
     torch.save({"q": quantized((8,), getattr(torch, dtype))}, path)
-    import zipfile
-
     with zipfile.ZipFile(path) as archive:
         members = {info.filename: archive.read(info) for info in archive.infolist()}
     name = next(member for member in members if member.endswith("data.pkl"))
