@@ -376,9 +376,9 @@ def test_junk_that_starts_like_a_protocol_5_pickle_is_skipped_from_its_head(
     mapped: list[str] = []
     real = bare_pickle.walk_file  # formats.walked's, as bare_pickle calls it
 
-    def counted(path: str, *, until_code: bool) -> object:
+    def counted(path: str, *, limit: int, until_code: bool) -> object:
         mapped.append(path)
-        return real(path, until_code=until_code)
+        return real(path, limit=limit, until_code=until_code)
 
     monkeypatch.setattr(bare_pickle, "walk_file", counted)
     found = discover([str(tmp_path)])

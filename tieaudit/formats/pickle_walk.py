@@ -298,7 +298,7 @@ def walk_pickles(data: bytes | mmap.mmap, end: int, size: int, *, until_code: bo
 
 
 def walk_pickle(
-    data: bytes | mmap.mmap, start: int, end: int, size: int, *, walk: Walk, persistent: bool = False
+    data: bytes | mmap.mmap, start: int, end: int, *, size: int, walk: Walk, persistent: bool = False
 ) -> int:
     """Walk the one pickle a fresh unpickler (its own memo) reads at data[start:], adding what it
     names to walk: the position after its STOP, or -1 when the walk ended before (walk.ending says

@@ -144,7 +144,7 @@ def _zip_locator(archive: ZipArchive, prefix: str, path: str) -> LocateStorage:
     return locate
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Reached:
     """How far the reader got: the pickles torch.load(weights_only=False) would unpickle, to walk
     when the reader refuses the file."""
@@ -198,7 +198,7 @@ def _walk_reached(path: str, size: int, reached: _Reached) -> Walk | None:
     if reached.data_pkl is not None:
         walk, data = Walk(), reached.data_pkl
         end = min(len(data), MIN_REFUSED_WALK_BYTES + size)
-        walk_pickle(data, 0, end, len(data), walk=walk, persistent=True)  # torch's persistent_load
+        walk_pickle(data, 0, end, size=len(data), walk=walk, persistent=True)  # torch's persistent_load
         return walk
     return walk_file(path, limit=MAX_PICKLE_BYTES) if reached.legacy else None
 
