@@ -12,7 +12,8 @@ what the reader stopped at (an opcode torch's weights_only refuses, a malformed 
 everything after it. So the pickles it got to (the zip's data.pkl, the legacy stream) are walked
 whole (``pickle_walk``); when they name a global outside torch's allowlist the file is TIE010's
 (``walked.code_checkpoint``: format ``pickle``, no tensors, the refusal kept as the reason), and when
-the walk cannot finish it is ``walked.UnwalkedPickle``.
+the walk cannot finish it is ``walked.UnwalkedPickle``. A tar archive, torch's pre-0.4 format, is
+``torch_tar_walk``'s.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from tieaudit.formats.torch_checkpoint import ROOT_NAME, LocateStorage, build_ch
 from tieaudit.formats.torch_legacy import read_legacy
 from tieaudit.formats.torch_pickle import MAX_PICKLE_BYTES, Referenced, load_pickle, truncated_error
 from tieaudit.formats.torch_records import StorageRef, key_name
-from tieaudit.formats.torch_sniff import is_legacy_stream, is_torch_content
+from tieaudit.formats.torch_sniff import is_legacy_stream, is_torch_content, is_torch_tar
+from tieaudit.formats.torch_tar_walk import read_tar
 from tieaudit.formats.training import training_layout
 from tieaudit.formats.walked import (
     UNFINISHED,
@@ -156,6 +158,8 @@ class _Reached:
     refusal came after, from the records they hold), so there is nothing more to walk."""
     legacy: bool = False
     """The file is a legacy stream (walked from byte 0)."""
+    tar: bool = False
+    """The file is a tar archive (``torch_tar_walk`` walks it and judges it itself)."""
 
 
 def _read_zip(
@@ -250,6 +254,9 @@ class TorchReader(Reader):
                     root, storages, locate = _read_zip(
                         fd, size, path, referenced=referenced, budget=budget, reached=reached
                     )
+                elif is_torch_tar(path, head):  # torch.load tries tar before the legacy stream
+                    reached.tar = True
+                    return read_tar(path)
                 elif is_legacy_stream(path, head):
                     reached.legacy = True
                     root, storages, locate = read_legacy(fd, size, path, referenced=referenced, budget=budget)
@@ -264,6 +271,8 @@ class TorchReader(Reader):
                     opened.checkpoint = dataclasses.replace(opened.checkpoint, training=layout)
                 return opened
         except InputError as exc:
+            if reached.tar:
+                raise
             return refused_read(exc, path, referenced=referenced, reached=reached)
         except IsADirectoryError:
             raise InputError("is a folder, not a torch.save file", path) from None
