@@ -299,16 +299,17 @@ def test_a_refusal_naming_no_code_keeps_its_one_line(
 def test_a_refused_pickle_that_cannot_be_walked_to_its_end_is_never_passed(
     corpus: object, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A deflated data.pkl inflating past what the walk reads (here shrunk): nothing vouches for
-    the rest, so it is refused, in a Trainer folder too (where it used to be "not read")."""
+    """A pickle longer than the walk of a refused file may read (MIN_REFUSED_WALK_BYTES, and what
+    the file's pickle budget has left: both shrunk here): nothing vouches for the rest, so it is
+    refused, in a Trainer folder too (where it used to be "not read")."""
     from tieaudit.formats import torch_file
 
-    monkeypatch.setattr(torch_file, "MIN_REFUSED_WALK_BYTES", 0)
+    monkeypatch.setattr(torch_file, "MIN_REFUSED_WALK_BYTES", 1024)
+    monkeypatch.setattr(torch_file, "REFUSED_WALK_UNITS_PER_BYTE", 1 << 40)
     rng = random.Random(5)
     strings = b"".join(builders.text(rng.randbytes(16).hex()) + b"0" for _ in range(4000))
     body = builders.proto(2) + b"N0" + strings + b"N."  # POP: the reader refuses it at once
-    data = builders.torch_zip(body, compress_pickle=True)
-    assert len(body) // 8 < len(data) < len(body)  # inflates past the file, within the zip-bomb ratio
+    data = builders.torch_zip(body)
     (tmp_path / "model.pt").write_bytes(data)
     code, _, err = _cli(["check", str(tmp_path / "model.pt")], capsys)
     assert code == 2 and "cannot walk its pickle to its end" in err, err

@@ -31,7 +31,7 @@ from tieaudit.core.errors import InputError, UnsupportedFormatError
 from tieaudit.core.escape import printable
 from tieaudit.formats.interface import Reader
 from tieaudit.formats.magic import ZIP_MAGIC
-from tieaudit.formats.pickle_budget import PickleBudget
+from tieaudit.formats.pickle_budget import PICKLE_UNITS_PER_BYTE, PickleBudget
 from tieaudit.formats.pickle_vm import MAX_DEPTH, Truncated
 from tieaudit.formats.pickle_walk import Walk, walk_pickle
 from tieaudit.formats.torch_checkpoint import ROOT_NAME, LocateStorage, build_checkpoint, flatten
@@ -60,9 +60,13 @@ from tieaudit.formats.zip_archive import (
 __all__ = ["MAX_DEPTH", "MAX_PICKLE_BYTES", "ROOT_NAME", "ZIP_MAGIC", "TorchReader", "flatten", "key_name"]
 
 MIN_REFUSED_WALK_BYTES = 1 << 20
-"""Bytes of a refused file's data.pkl walked at least (at most as many as the file holds past that):
-the walk costs up to about 0.45 s of CPU per MB, so it adds at most that per MB of file to what the
-reader spent; a deflated pickle inflating further is refused as not walked to its end, never passed."""
+"""Bytes of a refused file's pickles walked at least, whatever its pickle budget has left."""
+REFUSED_WALK_UNITS_PER_BYTE = PICKLE_UNITS_PER_BYTE
+"""What each further byte walked is charged against the units the file's pickle budget has left
+(the rate a byte of file earns it): a pickle refused early is walked whole, one refused for its
+budget only MIN_REFUSED_WALK_BYTES more, so the reading and the walk together stay within about one
+budget's time (the walk costs up to about 0.5 s of CPU per MB). A pickle longer than that is refused
+as not walked to its end (``walked.UnwalkedPickle``), never passed."""
 MAX_SMALL_RECORD_BYTES = 4096
 """version, byteorder, .storage_alignment: a few bytes each in every torch.save archive."""
 SUPPORTED_VERSIONS = range(1, 11)
@@ -158,6 +162,8 @@ class _Reached:
     refusal came after, from the records they hold), so there is nothing more to walk."""
     legacy: bool = False
     """The file is a legacy stream (walked from byte 0)."""
+    budget: PickleBudget | None = None
+    """The file's pickle budget: what it has left bounds the walk."""
     tar: bool = False
     """The file is a tar archive (``torch_tar_walk`` walks it and judges it itself)."""
 
@@ -195,27 +201,25 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _walk_reached(path: str, size: int, reached: _Reached) -> Walk | None:
+def _walk_reached(path: str, reached: _Reached) -> Walk | None:
     """The walk of the pickles the reader got to (None: it refused the file before any)."""
     if reached.unpickled:
         return Walk(ending="stop")
+    left = reached.budget.left if reached.budget is not None else 0
+    limit = min(MAX_PICKLE_BYTES, MIN_REFUSED_WALK_BYTES + max(left, 0) // REFUSED_WALK_UNITS_PER_BYTE)
     if reached.data_pkl is not None:
         walk, data = Walk(), reached.data_pkl
-        end = min(len(data), MIN_REFUSED_WALK_BYTES + size)
+        end = min(len(data), limit)
         walk_pickle(data, 0, end, size=len(data), walk=walk, persistent=True)  # torch's persistent_load
         return walk
-    return walk_file(path, limit=MAX_PICKLE_BYTES) if reached.legacy else None
+    return walk_file(path, limit=limit) if reached.legacy else None
 
 
 def refused_read(exc: InputError, path: str, *, referenced: Referenced, reached: _Reached) -> OpenCheckpoint:
     """What a file the reader refuses is: TIE010's checkpoint when the pickles it reached name code
     (walked whole, with what the reader met before refusing), else the refusal, or UnwalkedPickle
     when the walk cannot finish."""
-    try:
-        size = os.stat(path).st_size
-    except OSError:
-        size = 0
-    walk = _walk_reached(path, size, reached)
+    walk = _walk_reached(path, reached)
     if walk is None:
         raise exc
     named = dict(walk.named)
@@ -249,7 +253,7 @@ class TorchReader(Reader):
                 size = os.fstat(fd).st_size
                 head = os.pread(fd, 64, 0)
                 # One budget for the file: its pickles, then flattening what they made.
-                budget = PickleBudget(size)
+                budget = reached.budget = PickleBudget(size)
                 if head.startswith(ZIP_MAGIC):
                     root, storages, locate = _read_zip(
                         fd, size, path, referenced=referenced, budget=budget, reached=reached
