@@ -231,6 +231,10 @@ def _tieaudit(path: Path) -> dict[str, Any]:
             return vars(Reading(False, "not sniffed as a torch file", {}, {}))
         with reader.read(str(path)) as opened:
             ckpt = opened.checkpoint
+            if ckpt.format == "pickle":  # refused as torch data; its pickles name code (formats.walked)
+                names = ", ".join(g.name for g in ckpt.pickle_globals if g.verdict == "runs-code")
+                refused = f"{path}: no tensors read; its pickles name {names} (TIE010)"
+                return vars(Reading(False, refused, {}, {}))
             leaves: dict[str, dict[str, Any]] = {}
             for info in ckpt.tensors:
                 array = np.ascontiguousarray(opened.array(info))

@@ -374,13 +374,13 @@ def test_junk_that_starts_like_a_protocol_5_pickle_is_skipped_from_its_head(
     (tmp_path / "blob").write_bytes(b"\x80\x05" + b"\x00" + junk)
     (tmp_path / "blob2").write_bytes(b"\x80\x05" + junk)
     mapped: list[str] = []
-    real = bare_pickle._walk_file
+    real = bare_pickle.walk_file  # formats.walked's, as bare_pickle calls it
 
-    def counted(path: str, *, until_code: bool) -> object:
+    def counted(path: str, *, limit: int, until_code: bool) -> object:
         mapped.append(path)
-        return real(path, until_code=until_code)
+        return real(path, limit=limit, until_code=until_code)
 
-    monkeypatch.setattr(bare_pickle, "_walk_file", counted)
+    monkeypatch.setattr(bare_pickle, "walk_file", counted)
     found = discover([str(tmp_path)])
     assert [(Path(f.path).name, f.verdict, f.reason) for f in found.files] == [
         ("blob", "skipped", "not a checkpoint format"),

@@ -189,6 +189,10 @@ class PickleGlobal:
     use: str = "imported"
     """What a full unpickle would do with it, in order: ``imported``, ``called``, ``instantiated``,
     ``state set`` (comma-separated)."""
+    refused: str = ""
+    """Why tieaudit read no tensors from the file ("" when it read the file): a pickle that is no
+    torch.save data, a torch file its reader refuses, a pre-0.4 tar checkpoint. The name then comes
+    from walking the file's pickles opcode by opcode (``formats.pickle_walk``)."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -32,9 +32,10 @@ def _readers(folder: bool) -> Iterator[Reader]:
 def open_checkpoint(path: str, *, bare_pickles: bool = False) -> OpenCheckpoint:
     """Sniff path's format and read it: the records, and the open maps of its bytes (close it).
 
-    A pickle that is not torch.save data but names code (format ``pickle``, no tensors:
-    ``formats.bare_pickle``) is returned only to audits (``bare_pickles``); anything else that
-    reads a checkpoint refuses it, naming what it would run."""
+    A file tieaudit reads no tensors from but whose pickles name code (format ``pickle``, no
+    tensors: a bare pickle, a torch file its reader refuses, a pre-0.4 tar; ``formats.walked``) is
+    returned only to audits (``bare_pickles``); anything else that reads a checkpoint refuses it,
+    naming what it would run."""
     if not os.path.exists(path):
         raise InputError("no such file or folder", path)
     try:
@@ -53,7 +54,7 @@ def open_checkpoint(path: str, *, bare_pickles: bool = False) -> OpenCheckpoint:
         if reader.sniff(path, head):
             opened = reader.read(path)
             if opened.checkpoint.format == "pickle" and not bare_pickles:
-                from tieaudit.formats.bare_pickle import refusal
+                from tieaudit.formats.walked import refusal
 
                 opened.close()
                 raise UnsupportedFormatError(refusal(opened.checkpoint), path)

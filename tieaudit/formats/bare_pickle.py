@@ -17,21 +17,23 @@ on each global it names:
 - tieaudit cannot walk it to its end without finding code (longer than MAX_SCAN_BYTES, or past the
   walk's stack and memo bounds), or an opcode reads across the end of a FRAME (read one way or
   another depending on buffering): audited and refused with one line, never passed.
+
+The checkpoint, the refusal and the walk through a memory map are ``walked``'s, shared with the
+torch files tieaudit's torch reader refuses and torch's pre-0.4 tar format.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
 from dataclasses import dataclass
 
-from tieaudit.core.bytestore import ByteStore, OpenCheckpoint
-from tieaudit.core.errors import InputError, UnsafeInputError, UnsupportedFormatError
-from tieaudit.core.escape import printable
-from tieaudit.core.records import Checkpoint, PickleGlobal
+from tieaudit.core.bytestore import OpenCheckpoint
+from tieaudit.core.errors import InputError, UnsupportedFormatError
+from tieaudit.core.records import PickleGlobal
 from tieaudit.formats.interface import Reader
 from tieaudit.formats.pickle_walk import Walk, walk_pickles
 from tieaudit.formats.torch_pickle import MAX_PICKLE_BYTES
+from tieaudit.formats.walked import UnwalkedPickle, code_checkpoint, named_globals, refusal, walk_file
 
 __all__ = [
     "MAX_SCAN_BYTES",
@@ -46,6 +48,8 @@ __all__ = [
 
 MAX_SCAN_BYTES = MAX_PICKLE_BYTES
 """Bytes of a bare pickle walked at most (the limit torch.save pickles are read to as well)."""
+NOT_TORCH = "it is a pickle, not torch.save data, which torch.load unpickles before it fails"
+"""Why tieaudit reads no tensors from a bare pickle (``PickleGlobal.refused``)."""
 PLAIN_DATA = "a pickle of plain data, not torch.save data; torch.load refuses it"
 """Why a pickle that names no code is skipped (or refused when named on the command line)."""
 LEGACY_REFUSED = (
@@ -123,32 +127,22 @@ def scan(path: str, head: bytes, size: int, *, until_code: bool = False) -> Bare
         return None
     walk = walk_pickles(head, len(head), size, until_code=until_code)
     if walk.ending == "unscanned" and len(head) < size and not (until_code and walk.runs_code):
-        walk = _walk_file(path, until_code=until_code)
+        walk = walk_file(path, limit=MAX_SCAN_BYTES, until_code=until_code)
     return BarePickle(walk)
 
 
-def _walk_file(path: str, *, until_code: bool) -> Walk:
-    try:
-        with open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            if not size:
-                return Walk()  # emptied since its head was read: no pickle
-            with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                return walk_pickles(mapped, min(size, MAX_SCAN_BYTES), size, until_code=until_code)
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot read: {getattr(exc, 'strerror', None) or exc}", path) from None
-
-
-def _globals(walk: Walk, file: str) -> tuple[PickleGlobal, ...]:
-    return tuple(
-        PickleGlobal(name=name, verdict=found.verdict, file=file, use=found.described())
-        for name, found in walk.named.items()
-    )
+def _unwalked(found: BarePickle, path: str) -> None:
+    """Refuse a pickle naming no code that tieaudit could not walk to its end (never passed)."""
+    if found.walk.ending == "ambiguous":
+        raise UnwalkedPickle(ACROSS_FRAME, path)
+    if found.walk.ending == "unscanned":
+        raise UnwalkedPickle(TOO_LONG, path)
 
 
 def bare_pickle_globals(path: str, file: str) -> tuple[PickleGlobal, ...]:
     """The globals a file names when it is a pickle naming code that is not torch.save data (as
-    ``file``, its name in a folder), or none: for a folder reader that found no torch.save data in it."""
+    ``file``, its name in a folder), or none: for a folder reader that found no torch.save data in
+    it. A pickle it cannot walk to its end is refused (``UnwalkedPickle``), never passed over."""
     try:
         with open(path, "rb") as handle:
             head = handle.read(_HEAD_BYTES)
@@ -156,25 +150,12 @@ def bare_pickle_globals(path: str, file: str) -> tuple[PickleGlobal, ...]:
         found = scan(path, head, size)
     except (OSError, InputError):
         return ()  # the folder reader lists the file as not read
-    return _globals(found.walk, file) if found is not None and found.runs_code else ()
-
-
-def _checkpoint(path: str, walk: Walk) -> OpenCheckpoint:
-    file = os.path.basename(path)
-    named = _globals(walk, file)
-    checkpoint = Checkpoint(
-        path=path, format="pickle", tensors=(), storages={}, files=(file,), pickle_globals=named
-    )
-    return OpenCheckpoint(checkpoint, ByteStore(os.path.dirname(os.path.abspath(path))))
-
-
-def refusal(checkpoint: Checkpoint) -> str:
-    """Why a command other than an audit refuses a bare pickle (``tieaudit check`` reports it)."""
-    named = printable(", ".join(g.name for g in checkpoint.pickle_globals if g.verdict == "runs-code")[:300])
-    return (
-        f"is a pickle, not torch.save data: no tensors, and it names {named}, which "
-        "torch.load(weights_only=False) would import and run (TIE010; `tieaudit check` reports it)"
-    )
+    if found is None:
+        return ()
+    if not found.runs_code:
+        _unwalked(found, path)
+        return ()
+    return named_globals(found.walk.named, file, refused=NOT_TORCH)
 
 
 class BarePickleReader(Reader):
@@ -210,9 +191,6 @@ class BarePickleReader(Reader):
         if found is None or not (found.audited or found.plain):
             raise UnsupportedFormatError("not a pickle torch.load unpickles", path)
         if found.runs_code:
-            return _checkpoint(path, found.walk)
-        if found.walk.ending == "ambiguous":
-            raise UnsafeInputError(ACROSS_FRAME, path)
-        if found.walk.ending == "unscanned":
-            raise InputError(TOO_LONG, path)
+            return code_checkpoint(path, found.walk.named, refused=NOT_TORCH)
+        _unwalked(found, path)
         raise UnsupportedFormatError(found.reason, path)

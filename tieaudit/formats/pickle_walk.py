@@ -42,7 +42,7 @@ from tieaudit.formats.pickle_walk_state import (
     WalkState,
 )
 
-__all__ = ["UNRESOLVED", "UNRESOLVED_LINE", "Ending", "Walk", "walk_pickles"]
+__all__ = ["UNRESOLVED", "UNRESOLVED_LINE", "Ending", "Walk", "walk_pickle", "walk_pickles"]
 
 
 class _Walker(WalkState):
@@ -295,3 +295,21 @@ def walk_pickles(data: bytes | mmap.mmap, end: int, size: int, *, until_code: bo
     walk = Walk()
     _Walker(data, end, size, walk=walk, until_code=until_code).run(0)
     return walk
+
+
+def walk_pickle(
+    data: bytes | mmap.mmap, start: int, end: int, *, size: int, walk: Walk, persistent: bool = False
+) -> int:
+    """Walk the one pickle a fresh unpickler (its own memo) reads at data[start:], adding what it
+    names to walk: the position after its STOP, or -1 when the walk ended before (walk.ending says
+    how). end: where the walk may read to; size: where the unpickler's input ends (an archive
+    member's end). ``persistent``: the unpickler has a persistent_load (torch's object pickles)."""
+    try:
+        _value, pos = _Walker(data, end, size, walk=walk)._pickle(start, persistent=persistent)
+    except End as ended:
+        walk.ending = ended.ending
+        return -1
+    walk.pickles += 1
+    walk.ending = "stop"
+    return pos
+

@@ -6,6 +6,14 @@ member's folder, records are found case-insensitively, a ``version`` record is r
 pickles through tieaudit's own pickle VM with torch's weights_only opcode set and allowlist. No
 pickle code runs and torch is never imported; tensors become strided views into storage records
 whose bytes are located in the file without being read, so ``Checkpoint.array`` maps them.
+
+A file this reader refuses is not passed on that alone: ``torch.load(weights_only=False)`` unpickles
+what the reader stopped at (an opcode torch's weights_only refuses, a malformed persistent id) and
+everything after it. So the pickles it got to (the zip's data.pkl, the legacy stream) are walked
+whole (``pickle_walk``); when they name a global outside torch's allowlist the file is TIE010's
+(``walked.code_checkpoint``: format ``pickle``, no tensors, the refusal kept as the reason), and when
+the walk cannot finish it is ``walked.UnwalkedPickle``. A tar archive, torch's pre-0.4 format, is
+``torch_tar_walk``'s.
 """
 
 from __future__ import annotations
@@ -16,20 +24,31 @@ import gc
 import os
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.errors import InputError, UnsupportedFormatError
 from tieaudit.core.escape import printable
 from tieaudit.formats.interface import Reader
 from tieaudit.formats.magic import ZIP_MAGIC
-from tieaudit.formats.pickle_budget import PickleBudget
+from tieaudit.formats.pickle_budget import PICKLE_UNITS_PER_BYTE, PickleBudget
 from tieaudit.formats.pickle_vm import MAX_DEPTH, Truncated
+from tieaudit.formats.pickle_walk import Walk, walk_pickle
 from tieaudit.formats.torch_checkpoint import ROOT_NAME, LocateStorage, build_checkpoint, flatten
 from tieaudit.formats.torch_legacy import read_legacy
 from tieaudit.formats.torch_pickle import MAX_PICKLE_BYTES, Referenced, load_pickle, truncated_error
 from tieaudit.formats.torch_records import StorageRef, key_name
-from tieaudit.formats.torch_sniff import is_legacy_stream, is_torch_content
+from tieaudit.formats.torch_sniff import is_legacy_stream, is_torch_content, is_torch_tar
+from tieaudit.formats.torch_tar_walk import read_tar
 from tieaudit.formats.training import training_layout
+from tieaudit.formats.walked import (
+    UNFINISHED,
+    UnwalkedPickle,
+    code_checkpoint,
+    merge_named,
+    runs_code,
+    walk_file,
+)
 from tieaudit.formats.zip_archive import (
     ZipArchive,
     ZipMember,
@@ -40,6 +59,14 @@ from tieaudit.formats.zip_archive import (
 
 __all__ = ["MAX_DEPTH", "MAX_PICKLE_BYTES", "ROOT_NAME", "ZIP_MAGIC", "TorchReader", "flatten", "key_name"]
 
+MIN_REFUSED_WALK_BYTES = 1 << 20
+"""Bytes of a refused file's pickles walked at least, whatever its pickle budget has left."""
+REFUSED_WALK_UNITS_PER_BYTE = PICKLE_UNITS_PER_BYTE
+"""What each further byte walked is charged against the units the file's pickle budget has left
+(the rate a byte of file earns it): a pickle refused early is walked whole, one refused for its
+budget only MIN_REFUSED_WALK_BYTES more, so the reading and the walk together stay within about one
+budget's time (the walk costs up to about 0.5 s of CPU per MB). A pickle longer than that is refused
+as not walked to its end (``walked.UnwalkedPickle``), never passed."""
 MAX_SMALL_RECORD_BYTES = 4096
 """version, byteorder, .storage_alignment: a few bytes each in every torch.save archive."""
 SUPPORTED_VERSIONS = range(1, 11)
@@ -123,8 +150,26 @@ def _zip_locator(archive: ZipArchive, prefix: str, path: str) -> LocateStorage:
     return locate
 
 
+@dataclass(kw_only=True)
+class _Reached:
+    """How far the reader got: the pickles torch.load(weights_only=False) would unpickle, to walk
+    when the reader refuses the file."""
+
+    data_pkl: bytes | None = None
+    """The zip's data.pkl, once read."""
+    unpickled: bool = False
+    """The VM read every pickle to its STOP: every global they name is in ``referenced`` (the
+    refusal came after, from the records they hold), so there is nothing more to walk."""
+    legacy: bool = False
+    """The file is a legacy stream (walked from byte 0)."""
+    budget: PickleBudget | None = None
+    """The file's pickle budget: what it has left bounds the walk."""
+    tar: bool = False
+    """The file is a tar archive (``torch_tar_walk`` walks it and judges it itself)."""
+
+
 def _read_zip(
-    fd: int, size: int, path: str, *, referenced: Referenced, budget: PickleBudget
+    fd: int, size: int, path: str, *, referenced: Referenced, budget: PickleBudget, reached: _Reached
 ) -> tuple[object, dict[str, StorageRef], LocateStorage]:
     archive = read_archive(fd, size, path)
     prefix = _prefix(archive, path)
@@ -134,6 +179,7 @@ def _read_zip(
         raise InputError(f"the archive has no {prefix}data.pkl record", path)
     what = shown(member.name)
     data = read_member(fd, member, MAX_PICKLE_BYTES, path=path)
+    reached.data_pkl = data
     try:
         root, storages, _ = load_pickle(data, path, what, referenced=referenced, budget=budget)
     except Truncated:
@@ -155,14 +201,39 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def with_dangerous(exc: InputError, referenced: Referenced) -> InputError:
-    """exc, saying also which globals the unreadable file names that would run code."""
-    named = [name for name, global_ in referenced.items() if global_.verdict == "runs-code"]
-    if not named:
-        return exc
-    shown = printable(", ".join(named)[:300])
-    exc.message += f"; its pickle also names {shown}, which runs code under torch.load(weights_only=False)"
-    return exc
+def _walk_reached(path: str, reached: _Reached) -> Walk | None:
+    """The walk of the pickles the reader got to (None: it refused the file before any)."""
+    if reached.unpickled:
+        return Walk(ending="stop")
+    left = reached.budget.left if reached.budget is not None else 0
+    limit = min(MAX_PICKLE_BYTES, MIN_REFUSED_WALK_BYTES + max(left, 0) // REFUSED_WALK_UNITS_PER_BYTE)
+    if reached.data_pkl is not None:
+        walk, data = Walk(), reached.data_pkl
+        end = min(len(data), limit)
+        walk_pickle(data, 0, end, size=len(data), walk=walk, persistent=True)  # torch's persistent_load
+        return walk
+    return walk_file(path, limit=limit) if reached.legacy else None
+
+
+def refused_read(exc: InputError, path: str, *, referenced: Referenced, reached: _Reached) -> OpenCheckpoint:
+    """What a file the reader refuses is: TIE010's checkpoint when the pickles it reached name code
+    (walked whole, with what the reader met before refusing), else the refusal, or UnwalkedPickle
+    when the walk cannot finish."""
+    walk = _walk_reached(path, reached)
+    if walk is None:
+        raise exc
+    named = dict(walk.named)
+    merge_named(named, referenced)
+    if runs_code(named):
+        return code_checkpoint(path, named, refused=f"the torch reader refuses it: {exc.message}")
+    if walk.ending in UNFINISHED:
+        raise UnwalkedPickle(
+            f"{exc.message}; and tieaudit cannot walk its pickle to its end without finding code (too "
+            "long or deep, or an opcode reads across the end of a FRAME), so nothing vouches for what "
+            "torch.load(weights_only=False) would import",
+            path,
+        )
+    raise exc
 
 
 class TorchReader(Reader):
@@ -175,19 +246,27 @@ class TorchReader(Reader):
 
     def read(self, path: str) -> OpenCheckpoint:
         referenced: Referenced = {}
+        reached = _Reached()
         try:
             with open(path, "rb") as handle, _collector_paused():
                 fd = handle.fileno()
                 size = os.fstat(fd).st_size
                 head = os.pread(fd, 64, 0)
                 # One budget for the file: its pickles, then flattening what they made.
-                budget = PickleBudget(size)
+                budget = reached.budget = PickleBudget(size)
                 if head.startswith(ZIP_MAGIC):
-                    root, storages, locate = _read_zip(fd, size, path, referenced=referenced, budget=budget)
+                    root, storages, locate = _read_zip(
+                        fd, size, path, referenced=referenced, budget=budget, reached=reached
+                    )
+                elif is_torch_tar(path, head):  # torch.load tries tar before the legacy stream
+                    reached.tar = True
+                    return read_tar(path)
                 elif is_legacy_stream(path, head):
+                    reached.legacy = True
                     root, storages, locate = read_legacy(fd, size, path, referenced=referenced, budget=budget)
                 else:
                     raise UnsupportedFormatError("not a torch.save file (neither zip nor legacy magic)", path)
+                reached.unpickled = True
                 opened = build_checkpoint(
                     path, root, storages, locate=locate, referenced=referenced, budget=budget
                 )
@@ -196,7 +275,9 @@ class TorchReader(Reader):
                     opened.checkpoint = dataclasses.replace(opened.checkpoint, training=layout)
                 return opened
         except InputError as exc:
-            raise with_dangerous(exc, referenced) from None
+            if reached.tar:
+                raise
+            return refused_read(exc, path, referenced=referenced, reached=reached)
         except IsADirectoryError:
             raise InputError("is a folder, not a torch.save file", path) from None
         except OSError as exc:

@@ -1,14 +1,17 @@
 """Whether ``torch.load`` takes a file for torch.save data, by its content alone (any name).
 
 torch.load never looks at a name (but ``.safetensors``): a file starting with a zip local header
-is opened as an archive, whose ``data.pkl`` it reads; any other file is read as the legacy stream,
-whose first pickle must be the magic number. A pickle that is not such a stream (a ``vocab.pkl``,
-an sklearn model) torch.load refuses, "Invalid magic number", after unpickling it: it is not a
-checkpoint. So a file is torch's when
+is opened as an archive, whose ``data.pkl`` it reads; any other file is first opened as a tar
+archive (torch's pre-0.4 format, ``torch_tar``), then read as the legacy stream, whose first pickle
+must be the magic number. A pickle that is not such a stream (a ``vocab.pkl``, an sklearn model)
+torch.load refuses, "Invalid magic number", after unpickling it: it is not a checkpoint. So a file
+is torch's when
 
 - it starts with a zip local header and its archive names a ``<folder>/data.pkl`` (torch.save's
   layout; a malformed archive whose last MiB names one counts too, so that reading it says what
   is wrong), or
+- it is no zip and its first 512 bytes are a tar header Python's tarfile accepts (its checksum
+  matches; tarfile needs no ``ustar`` magic), which torch.load opens as a tar archive, or
 - its first pickle, read by tieaudit's pickle VM with torch's weights_only opcodes (no code runs:
   a global outside the allowlist is an inert placeholder, so a magic-number pickle that also names
   code is still found), is torch's legacy MAGIC_NUMBER, however it is spelled (``PROTO`` or not,
@@ -16,8 +19,9 @@ checkpoint. So a file is torch's when
   MAX_HEADER_PICKLE_BYTES, and so does this look: a first pickle longer than that is no torch file
   here nor there.
 
-Reading stays cheap: the 64-byte head, then the central directory of a zip, or at most
-MAX_HEADER_PICKLE_BYTES of a file that starts like a pickle (most files fail on their first bytes).
+Reading stays cheap: the 64-byte head, then the central directory of a zip, the first 512 bytes
+of any other file, or at most MAX_HEADER_PICKLE_BYTES of a file that starts like a pickle (most
+files fail on their first bytes).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from tieaudit.core.errors import InputError
 from tieaudit.formats.pickle_vm import Truncated
 from tieaudit.formats.torch_legacy import MAGIC_NUMBER, MAX_HEADER_PICKLE_BYTES
 from tieaudit.formats.torch_pickle import load_pickle
+from tieaudit.formats.torch_tar import OPEN_BYTES, TAR_BLOCK, is_tar_header, opens_as_tar
 from tieaudit.formats.zip_archive import LOCAL_MAGIC as ZIP_MAGIC  # not from magic, which imports this
 from tieaudit.formats.zip_archive import pread, read_archive
 
@@ -61,6 +66,22 @@ def is_torch_zip(path: str, head: bytes) -> bool:
     return any(name.count(b"/") == 1 and name.endswith(b"/data.pkl") for name in archive.folded)
 
 
+def is_torch_tar(path: str, head: bytes) -> bool:
+    """A file that is no zip which tarfile opens (its first 512 bytes are a header whose checksum
+    matches, and a GNU long name record's next header too): torch.load opens it as a pre-0.4 tar
+    archive (weights_only refuses it; ``torch_tar_walk`` reads it)."""
+    if not head or head.startswith(ZIP_MAGIC):
+        return False
+    try:
+        with open(path, "rb") as handle:
+            block = pread(handle.fileno(), TAR_BLOCK, 0)
+            if not is_tar_header(block):
+                return False  # most files end here, after one 512-byte read
+            return opens_as_tar(pread(handle.fileno(), OPEN_BYTES, 0))
+    except OSError:
+        return False
+
+
 def is_legacy_stream(path: str, head: bytes) -> bool:
     """A file (not a zip) whose first pickle is torch's legacy magic number."""
     if head.startswith(LEGACY_MAGIC) or (head[:1] == b"\x80" and head[2:].startswith(LEGACY_MAGIC)):
@@ -88,5 +109,5 @@ def is_legacy_stream(path: str, head: bytes) -> bool:
 
 
 def is_torch_content(path: str, head: bytes) -> bool:
-    """torch.load takes the file for torch.save data (a zip archive, or the legacy stream)."""
-    return is_torch_zip(path, head) or is_legacy_stream(path, head)
+    """torch.load takes the file for torch.save data (a zip archive, a tar archive, or the legacy stream)."""
+    return is_torch_zip(path, head) or is_torch_tar(path, head) or is_legacy_stream(path, head)

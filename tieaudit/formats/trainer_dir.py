@@ -7,7 +7,9 @@ Each pickle is read by the torch reader; its tensors join the folder's checkpoin
 file's stem (``optimizer.state.0.exp_avg``: the stored path inside the file, prefixed), its
 storages as ``file#id``; the globals their pickles name (numpy arrays in ``rng_state.pth``, the
 ``TrainingArguments`` class) are read as inert placeholders and reported (TIE010/TIE011). A file
-the torch reader refuses is listed with the reason, never passed over in silence.
+the torch reader refuses is listed with the reason, never passed over in silence: when its pickles
+name code (a torch file the reader refuses, a pre-0.4 tar, a bare pickle) they are TIE010's, and one
+whose pickles tieaudit cannot walk to their end fails the folder (``walked.UnwalkedPickle``).
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ JSON_NOTE = "present; JSON counters and logs, no tensors"
 """Status of trainer_state.json in the report."""
 BARE_PICKLE_READ = "read: a pickle, not torch.save data (torch.load unpickles it before failing); no tensors"
 """Status of a file the torch reader refuses that is a pickle naming code (``formats.bare_pickle``)."""
+WALKED_READ = "read for the globals its pickles name only, no tensors: {why}"
+"""Status of a file tieaudit read no tensors from whose pickles name code (``formats.walked``)."""
 
 
 def trainer_files(folder: str) -> list[str]:
@@ -143,6 +147,7 @@ def read_trainer_files(folder: str, files: Sequence[tuple[str, str, str]]) -> Tr
     refuses is listed with the reason (its safety is the torch reader's call, not ours)."""
     from tieaudit.formats.bare_pickle import bare_pickle_globals
     from tieaudit.formats.torch_file import TorchReader
+    from tieaudit.formats.walked import UnwalkedPickle
 
     tensors: list[TensorInfo] = []
     storages: dict[str, StorageInfo] = {}
@@ -161,6 +166,8 @@ def read_trainer_files(folder: str, files: Sequence[tuple[str, str, str]]) -> Tr
         stem = _stem(file)
         try:
             opened = TorchReader().read(path)
+        except UnwalkedPickle:
+            raise  # code cannot be ruled out: never listed as merely not read
         except InputError as exc:
             bare = bare_pickle_globals(path, file)  # not torch.save data, but unpickled by torch.load
             named += bare
@@ -184,6 +191,9 @@ def read_trainer_files(folder: str, files: Sequence[tuple[str, str, str]]) -> Tr
         found = [_prefixed_optimizer(o, stem, file) for o in layout.optimizers] if layout else []
         optimizers += found
         status = "read" + (f", {plural(len(ckpt.tensors), 'tensor')}" if ckpt.tensors else ", no tensors")
+        if ckpt.format == "pickle":  # refused as torch data, its pickles naming code (formats.walked)
+            why = next((g.refused for g in ckpt.pickle_globals if g.refused), "")
+            status = WALKED_READ.format(why=why)
         parts.append(TrainingPart(path=file, role=role, status=status))
     return TrainerRead(
         tensors=tuple(tensors),

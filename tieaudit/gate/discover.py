@@ -29,7 +29,8 @@ from tieaudit.formats.hf_covered import covered_files
 from tieaudit.formats.hf_dir import SAFE_INDEX, TORCH_INDEX, TORCH_SINGLE, hub_blobs
 from tieaudit.formats.hf_ties import CONFIG
 from tieaudit.formats.magic import GGUF_MAGIC, is_lfs_pointer, might_be_torch, read_head
-from tieaudit.formats.torch_sniff import is_torch_content
+from tieaudit.formats.torch_sniff import is_legacy_stream, is_torch_tar, is_torch_zip
+from tieaudit.formats.torch_tar_walk import scan_tar
 from tieaudit.gate.files import (
     EXCLUDED,
     HIDDEN,
@@ -64,7 +65,8 @@ data, a ``.ckpt`` may be TensorFlow's, a ``.tar`` an archive (``.pth.tar`` is to
 Any other file, whatever its name, is audited when its content is what torch.load takes
 (``formats.torch_sniff``): torch.load never looks at the name; so is a pickle that is not
 torch.save data but names code, which torch.load(weights_only=False) runs before it fails
-(``formats.bare_pickle``)."""
+(``formats.bare_pickle``), and so is a tar archive (torch's pre-0.4 format) whose pickles name code
+or cannot be walked to their end (``formats.torch_tar_walk``); one naming none is skipped, saying why."""
 LINK_OUTSIDE = "is a link to a file outside the folder searched; name it on the command line to audit it"
 
 
@@ -260,10 +262,11 @@ class _Walk:
             return False
         if named and (entry.name.endswith(CHECKPOINT_SUFFIXES) or might_be_torch(head)):
             return True
-        if is_torch_content(entry.path, head):  # torch.load takes it, whatever its name
-            return True
-        try:  # a pickle torch.load(weights_only=False) unpickles before it fails
-            bare = scan(entry.path, head, status.st_size, until_code=True)
+        tar = is_torch_tar(entry.path, head)
+        if not tar and (is_torch_zip(entry.path, head) or is_legacy_stream(entry.path, head)):
+            return True  # torch.load takes it, whatever its name
+        try:  # a tar whose members, or a pickle torch.load(weights_only=False) unpickles before it fails
+            bare = scan_tar(entry.path) if tar else scan(entry.path, head, status.st_size, until_code=True)
         except InputError as exc:
             self._error(entry.path, exc.message)
             return False

@@ -35,17 +35,36 @@ def _listed(named: list[PickleGlobal]) -> str:
     return shown + (f"; and {len(named) - MAX_NAMED} more" if len(named) > MAX_NAMED else "")
 
 
+def _refused(named: list[PickleGlobal]) -> str:
+    """Why tieaudit read no tensors from the file ("" when it read it)."""
+    return next((g.refused for g in named if g.refused), "")
+
+
+def _how_read(refused: str) -> str:
+    if not refused:
+        return "tieaudit read it with inert placeholders and called nothing."
+    return (
+        f"tieaudit read no tensors from it ({refused}) and found these globals by walking its "
+        "pickles opcode by opcode, calling nothing."
+    )
+
+
+def _details(file: str, refused: str) -> dict[str, str]:
+    return {"file": file, "refused": refused} if refused else {"file": file}
+
+
 def runs_code_findings(audited: Audited) -> Iterator[Finding]:
     """TIE010: a file whose pickle names a global outside torch's default weights_only allowlist."""
     for file, named in _by_file(audited, vouched=False).items():
+        refused = _refused(named)
         yield RUNS_CODE.finding(
             [g.name for g in named],
             f"{file} needs torch.load(weights_only=False), which would import and use globals outside "
             f"torch's weights_only allowlist: {_listed(named)}. torch.load(weights_only=True) refuses "
-            "the file; tieaudit read it with inert placeholders and called nothing.",
+            f"the file; {_how_read(refused)}",
             fix="do not load this file with weights_only=False; rebuild it from a trusted source "
             "(or keep only its tensors, e.g. as safetensors)",
-            details={"file": file},
+            details=_details(file, refused),
         )
 
 
@@ -58,7 +77,7 @@ def unknown_findings(audited: Audited) -> Iterator[Finding]:
             f"safe-globals vouches for: {_listed(named)}. torch.load(weights_only=True) refuses it "
             "unless torch.serialization.add_safe_globals names them (and the types their calls return).",
             fix="load it inside torch.serialization.safe_globals([...]) naming exactly these globals",
-            details={"file": file},
+            details=_details(file, _refused(named)),
         )
 
 
