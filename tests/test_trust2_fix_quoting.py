@@ -422,3 +422,37 @@ def test_no_fix_in_tieaudit_interpolates_a_path_into_text() -> None:
         if (violations := fix_text_violations(path.read_text()))
     }
     assert found == {}
+
+
+def test_a_fix_line_is_one_command_and_prose_is_advice() -> None:
+    """Only a single command is labelled ``fix:`` (pasted, it runs); prose is ``advice:``."""
+    from tieaudit.core.shell import Advice, tieaudit_command
+
+    command = tieaudit_command("retie", "in.pt", "out.pt")
+    assert Advice((command,)).label == "fix"
+    assert Advice(("do not load this file with weights_only=False",)).label == "advice"
+    assert Advice(("run ", command, " then check again")).label == "advice"
+
+
+@pytest.mark.parametrize("fmt", ["text", "github"])
+def test_every_fix_line_of_a_failing_folder_is_a_tieaudit_command(tmp_path: Path, fmt: str) -> None:
+    """TIE010 (a pickle that runs code) and TIE001 side by side: every ``fix:`` shown is a command
+    that shlex splits into ``tieaudit ...``; TIE010's prose comes as ``advice:``."""
+    import pickle
+    import shlex
+
+    (tmp_path / "payload.pkl").write_bytes(pickle.dumps(os.system, protocol=2))
+    shutil.copy(ROOT / "fixtures" / "generated" / "safetensors" / "cloned_head.safetensors", tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-m", "tieaudit", "check", str(tmp_path), "--format", fmt],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 1, out.stderr
+    assert "TIE010" in out.stdout and "advice: do not load" in out.stdout, out.stdout
+    fixes = [line.split("fix: ", 1)[1].rstrip(")") for line in out.stdout.splitlines() if "fix: " in line]
+    assert fixes, out.stdout
+    for fix in fixes:
+        assert shlex.split(fix)[:2] == ["tieaudit", "retie"], fix

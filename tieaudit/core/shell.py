@@ -104,6 +104,12 @@ class Advice:
         return "".join(str(part) for part in self.parts)
 
     @property
+    def label(self) -> str:
+        """How a report introduces it: ``fix`` only when it is one command, which runs as printed
+        when pasted into a shell; ``advice`` for prose (what to decide, what not to do)."""
+        return "fix" if len(self.parts) == 1 and isinstance(self.parts[0], Command) else "advice"
+
+    @property
     def commands(self) -> tuple[Command, ...]:
         """The commands in it, in order."""
         return tuple(part for part in self.parts if isinstance(part, Command))

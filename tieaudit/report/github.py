@@ -62,7 +62,7 @@ def render_github(result: CheckResult, *, quiet: bool = False) -> str:
         for finding, accepted in zip(checked.audit.findings, checked.baselined, strict=True):
             if accepted:
                 continue
-            message = finding.message + (f" (fix: {finding.fix})" if finding.fix else "")
+            message = finding.message + (f" ({finding.fix.label}: {finding.fix})" if finding.fix else "")
             lines.append(
                 command(
                     LEVELS[finding.severity],

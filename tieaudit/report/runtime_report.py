@@ -270,7 +270,9 @@ def _file_lines(exported: ExportedFile, atol: float, *, indent: str, several: bo
         lines.append(f"{indent}runtime check: FAILED: {exported.runtime_error}")
     elif exported.runtime:
         lines += [f"{indent}runtime: {f.rule} {f.message}" for f in exported.runtime]
-        lines.append(f"{indent}  fix: {exported.runtime[0].fix}")
+        fix = exported.runtime[0].fix
+        if fix is not None:
+            lines.append(f"{indent}  {fix.label}: {fix}")
     else:
         lines.append(f"{indent}runtime: ONNX Runtime's default session options hold no second copy")
     return lines

@@ -201,7 +201,8 @@ def render_text(audit: Audit, color: bool = False, width: int = DEFAULT_WIDTH) -
         console.print(laid_out(_findings_table(audit), width))
         for finding in audit.findings:  # below the table, unfolded: a command pasted as shown runs as shown
             if finding.fix:
-                console.print(cell(f"{finding.rule} fix: {finding.fix}"), highlight=False, soft_wrap=True)
+                shown = f"{finding.rule} {finding.fix.label}: {finding.fix}"
+                console.print(cell(shown), highlight=False, soft_wrap=True)
     else:
         console.print("No findings.")
     table, hidden = _tensors_table(audit)
@@ -298,7 +299,8 @@ def render_check_text(
                 soft_wrap=True,
             )
             if finding.fix and not accepted:
-                console.print(cell(f"      fix: {finding.fix}", "dim"), highlight=False, soft_wrap=True)
+                shown = f"      {finding.fix.label}: {finding.fix}"
+                console.print(cell(shown, "dim"), highlight=False, soft_wrap=True)
     for error in result.errors if errors else ():
         console.print(
             Text("ERROR", style="bold red"),
