@@ -30,6 +30,7 @@ from tieaudit.formats.hf_dir import SAFE_INDEX, TORCH_INDEX, TORCH_SINGLE, hub_b
 from tieaudit.formats.hf_ties import CONFIG
 from tieaudit.formats.magic import GGUF_MAGIC, is_lfs_pointer, might_be_torch, read_head
 from tieaudit.formats.torch_sniff import is_legacy_stream, is_torch_tar, is_torch_zip
+from tieaudit.formats.torch_takes import taken_by_torch
 from tieaudit.formats.torch_tar_walk import scan_tar
 from tieaudit.gate.files import (
     EXCLUDED,
@@ -329,6 +330,9 @@ class _Walk:
                     folder_entry = entry.is_dir(follow_symlinks=False)
                 except OSError:
                     folder_entry = False
+                if skipped == HIDDEN and not folder_entry and taken_by_torch(entry.path):
+                    yield self._audited(self._target(entry.path))  # a dot never hides code
+                    continue
                 self._skip(entry.path, skipped or EXCLUDED.format(pattern=pattern), folder=folder_entry)
                 continue
             is_folder = self._is_folder(entry)
