@@ -33,6 +33,7 @@ from test_discover import hub_snapshot
 
 from tieaudit.cli.main import main
 from tieaudit.formats.hf_covered import covered_files
+from tieaudit.formats.torch_tar_walk import NO_STORAGES
 from tieaudit.gate.discover import discover
 
 VOCAB, WIDTH = 100, 32
@@ -473,7 +474,7 @@ def test_every_file_not_audited_gets_its_reason(tmp_path: Path) -> None:
     assert listed == [
         (".cache/", "skipped", "hidden (its name starts with '.')"),
         ("arrays.npz", "skipped", "NumPy .npz archive: recognised, not supported yet"),
-        ("data.tar", "skipped", "not a checkpoint format"),  # a .tar that holds no torch.save data
+        ("data.tar", "skipped", NO_STORAGES),  # a .tar (PAX, as tarfile writes) holding no torch.save data
         ("legacy/old.safetensors", "skipped", "excluded by --exclude legacy/**"),  # the folder is entered
         ("model.safetensors", "audited", ""),
         ("outside.json", "skipped", "a link to a file outside the folder searched"),

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import tarfile
 from dataclasses import dataclass, field
 
 from tieaudit.core.bytestore import OpenCheckpoint
@@ -33,7 +34,7 @@ from tieaudit.formats.pickle_vm import Truncated
 from tieaudit.formats.pickle_walk import Walk, walk_pickle, walk_pickles
 from tieaudit.formats.torch_pickle import MAX_PICKLE_BYTES, load_pickle
 from tieaudit.formats.torch_records import StorageType
-from tieaudit.formats.torch_tar import Listing, TarMember, TarRefused, list_members, shown
+from tieaudit.formats.torch_tar import MAX_TAR_MEMBERS, Listing, TarMember, TarRefused, list_members, shown
 from tieaudit.formats.walked import (
     UNFINISHED,
     UnwalkedPickle,
@@ -210,6 +211,38 @@ class _MemberWalk:
         merge_named(self.scan.named, self.walk.named)
 
 
+MAX_FALLBACK_BYTES = 256 << 20
+"""Tar files up to this size that tieaudit's own listing refuses (PAX headers, sparse members) are
+listed by Python's tarfile, the parser torch.load uses, which reads a PAX header whole: bounded by
+the file's size."""
+NO_STORAGES = (
+    "a tar archive with no member named 'storages' (as Python's tarfile lists it): torch.load fails "
+    "on it before unpickling anything, so it is not a checkpoint"
+)
+"""Why a tar archive that is not a torch checkpoint is skipped in a folder (refused when named)."""
+
+
+def _without_storages(path: str, size: int) -> bool:
+    """Python's tarfile, as torch.load opens the file, finds no member 'storages' (the first thing
+    torch's tar loader extracts and unpickles) among at most MAX_TAR_MEMBERS; False where that
+    cannot be told (too large, too many members, tarfile fails)."""
+    if size > MAX_FALLBACK_BYTES:
+        return False
+    try:
+        with tarfile.open(path, mode="r:", format=tarfile.PAX_FORMAT) as archive:
+            for _ in range(MAX_TAR_MEMBERS):
+                member = archive.next()
+                if member is None:
+                    return True
+                # 'storages' itself, or a name or PAX record another Python version may read as it
+                records = member.pax_headers.values()
+                if "storages" in member.name or any("storages" in str(v) for v in records):
+                    return False
+    except (tarfile.TarError, OSError, ValueError, UnicodeError):
+        return False
+    return False
+
+
 def scan_tar(path: str) -> TarScan:
     """Walk what torch.load(weights_only=False) unpickles from the tar file at path."""
     scan = TarScan()
@@ -227,6 +260,9 @@ def scan_tar(path: str) -> TarScan:
                 try:
                     listing = list_members(data, size, path)
                 except TarRefused as refused:
+                    if not runs_code(scan.named) and _without_storages(path, size):
+                        scan.reason = NO_STORAGES
+                        return scan
                     scan.lost.append(refused.message)
                     return scan
                 if listing.failed:
