@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from torch_child import torch_load
 
 from tieaudit.cli.main import main
 
@@ -141,35 +142,6 @@ FRAME_STRADDLE = (
 is "-posix", which no import finds; the C unpickler, having read the 80 KB frame whole, reads the line
 from the file after the frame instead: posix, and runs os.system."""
 
-TORCH_LOAD = """
-import json, os, sys, warnings
-import torch
-warnings.simplefilter("ignore")
-outcome = {}
-for folder in sys.argv[2:]:
-    os.chdir(folder)
-    (name,) = [n for n in os.listdir(".") if n != "MARKER"]
-    try:
-        torch.load(name, weights_only=sys.argv[1] == "1")
-        outcome[folder] = "loaded"
-    except Exception as exc:
-        outcome[folder] = type(exc).__name__
-print(json.dumps(outcome))
-"""
-
-
-def _torch_load(folders: list[Path], *, weights_only: bool) -> dict[str, str]:
-    done = subprocess.run(
-        [sys.executable, "-c", TORCH_LOAD, "1" if weights_only else "0", *map(str, folders)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    outcome: dict[str, str] = json.loads(done.stdout.splitlines()[-1])
-    return outcome
-
 
 def _one_file_folders(root: Path, files: dict[str, tuple[str, bytes]]) -> dict[str, Path]:
     folders = {}
@@ -203,10 +175,10 @@ def test_every_attack_runs_code_under_torch_load_and_weights_only_refuses_it(tmp
     attacks = {**ATTACKS, "frame_straddle_hides_global": ("model.pkl", FRAME_STRADDLE)}
     wide = _one_file_folders(tmp_path / "wide", attacks)
     strict = _one_file_folders(tmp_path / "strict", attacks)
-    _torch_load(list(wide.values()), weights_only=False)
+    torch_load(list(wide.values()), weights_only=False)
     ran = {slug for slug, folder in wide.items() if (folder / MARKER).exists()}
     assert ran == set(attacks), "an attack did not run: it proves nothing"
-    refused = _torch_load(list(strict.values()), weights_only=True)
+    refused = torch_load(list(strict.values()), weights_only=True)
     assert set(refused.values()) == {"UnpicklingError"}, refused
     assert not any((folder / MARKER).exists() for folder in strict.values())
 

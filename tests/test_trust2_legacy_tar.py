@@ -26,6 +26,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from torch_child import torch_load
 
 from tieaudit.cli.main import main
 
@@ -83,38 +84,6 @@ def _evil(place: str = "pickle") -> bytes:
     return data
 
 
-TORCH_LOAD = """
-import json, os, sys, warnings
-import torch
-warnings.simplefilter("ignore")
-outcome = {}
-for folder in sys.argv[2:]:
-    os.chdir(folder)
-    (name,) = [n for n in os.listdir(".") if n != "MARKER"]
-    try:
-        loaded = torch.load(name, weights_only=sys.argv[1] == "1")
-        outcome[folder] = "loaded " + repr(sorted(loaded)) if isinstance(loaded, dict) else "loaded"
-        if isinstance(loaded, dict) and "w" in loaded:
-            outcome[folder] += " " + repr(loaded["w"].tolist())
-    except Exception as exc:
-        outcome[folder] = type(exc).__name__
-print(json.dumps(outcome))
-"""
-
-
-def _torch_load(folders: list[Path], *, weights_only: bool) -> dict[str, str]:
-    done = subprocess.run(
-        [sys.executable, "-c", TORCH_LOAD, "1" if weights_only else "0", *map(str, folders)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    outcome: dict[str, str] = json.loads(done.stdout.splitlines()[-1])
-    return outcome
-
-
 def _cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     code = main(args)
     captured = capsys.readouterr()
@@ -125,9 +94,7 @@ def _tie010(document: dict[str, object]) -> dict[str, list[str]]:
     """File (as the finding names it) -> the globals TIE010 names there."""
     reports = document["reports"] if "reports" in document else [document]
     assert isinstance(reports, list)
-    return {
-        f["details"]["file"]: f["names"] for r in reports for f in r["findings"] if f["rule"] == "TIE010"
-    }
+    return {f["details"]["file"]: f["names"] for r in reports for f in r["findings"] if f["rule"] == "TIE010"}
 
 
 def _one_line(err: str) -> str:
@@ -150,11 +117,11 @@ def test_torch_load_unpickles_storages_tensors_and_pickle_but_not_sys_info(tmp_p
             folder.mkdir(parents=True)
             (folder / "model.pt").write_bytes(data)
             folders[slug] = folder
-    loaded = _torch_load(list(wide.values()), weights_only=False)
+    loaded = torch_load(list(wide.values()), weights_only=False)
     ran = {slug for slug, folder in wide.items() if (folder / MARKER).exists()}
     assert ran == {"in_pickle", "in_storages", "in_tensors"}, ran
     assert loaded[str(wide["clean"])] == "loaded ['w'] [0.0, 1.0, 2.0, 3.0]", loaded  # the format is torch's
-    refused = _torch_load(list(strict.values()), weights_only=True)
+    refused = torch_load(list(strict.values()), weights_only=True)
     assert set(refused.values()) == {"RuntimeError"}, refused  # "Cannot use weights_only=True with ... .tar"
     assert not any((folder / MARKER).exists() for folder in strict.values())
 
@@ -288,7 +255,7 @@ def test_a_member_torch_never_reaches_is_not_held_against_the_file(
     folder = tmp_path / "wide"
     folder.mkdir()
     (folder / "model.pt").write_bytes(data)
-    assert _torch_load([folder], weights_only=False) == {str(folder): "KeyError"}
+    assert torch_load([folder], weights_only=False) == {str(folder): "KeyError"}
     assert not (folder / MARKER).exists()
     code, _, err = _cli(["check", str(folder / "model.pt")], capsys)
     assert code == 2 and "without torch's 'storages' member" in _one_line(err), err

@@ -16,12 +16,12 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from torch_child import torch_load
 
 from tieaudit.cli.main import main
 
@@ -140,35 +140,6 @@ ATTACKS = {
     ),
 }
 
-TORCH_LOAD = """
-import json, os, sys, warnings
-import torch
-warnings.simplefilter("ignore")
-outcome = {}
-for folder in sys.argv[2:]:
-    os.chdir(folder)
-    (name,) = [n for n in os.listdir(".") if n != "MARKER"]
-    try:
-        torch.load(name, weights_only=sys.argv[1] == "1")
-        outcome[folder] = "loaded"
-    except Exception as exc:
-        outcome[folder] = type(exc).__name__
-print(json.dumps(outcome))
-"""
-
-
-def _torch_load(folders: list[Path], *, weights_only: bool) -> dict[str, str]:
-    done = subprocess.run(
-        [sys.executable, "-c", TORCH_LOAD, "1" if weights_only else "0", *map(str, folders)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    outcome: dict[str, str] = json.loads(done.stdout.splitlines()[-1])
-    return outcome
-
 
 def _write(folder: Path, attack: Attack) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
@@ -195,10 +166,10 @@ def _tie010(document: dict[str, object]) -> list[tuple[list[str], dict[str, str]
 def test_each_attack_runs_code_under_torch_load_and_weights_only_refuses_it(tmp_path: Path) -> None:
     wide = {slug: _write(tmp_path / "wide" / slug, a).parent for slug, a in ATTACKS.items()}
     strict = {slug: _write(tmp_path / "strict" / slug, a).parent for slug, a in ATTACKS.items()}
-    _torch_load(list(wide.values()), weights_only=False)
+    torch_load(list(wide.values()), weights_only=False)
     ran = {slug for slug, folder in wide.items() if (folder / MARKER).exists()}
     assert ran == {slug for slug, a in ATTACKS.items() if a.runs}, ran
-    refused = _torch_load(list(strict.values()), weights_only=True)
+    refused = torch_load(list(strict.values()), weights_only=True)
     expected = {str(folder): "UnpicklingError" for folder in strict.values()}
     expected[str(strict["global_after_six_field_storage_id"])] = "ValueError"  # fails unpacking the id
     assert refused == expected, refused
