@@ -14,7 +14,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -425,14 +424,12 @@ def test_oversized_tokenizer_is_a_note(corpus: Corpus, tmp_path: Path) -> None:
         assert checkpoint.config is not None and checkpoint.config.tokenizer_vocab_size is None
 
 
-def test_json_nested_a_million_deep_is_one_line_and_fast(corpus: Corpus, tmp_path: Path) -> None:
+def test_json_nested_a_million_deep_is_one_line(corpus: Corpus, tmp_path: Path) -> None:
     folder = model_folder(corpus, tmp_path)
     (folder / "config.json").write_bytes(b"[" * 10**6 + b"]" * 10**6)
-    began = time.monotonic()
     deep = r"config.json is not valid JSON \(arrays or objects nested too deeply\)"
     with pytest.raises(InputError, match=deep):
         load_json(str(folder), "config.json")
-    assert time.monotonic() - began < 5
 
 
 def test_json_nested_past_the_depth_limit_is_refused(corpus: Corpus, tmp_path: Path) -> None:
