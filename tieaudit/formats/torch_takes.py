@@ -9,6 +9,7 @@ other. Its name alone never makes it a checkpoint: macOS' ``._model.safetensors`
 from __future__ import annotations
 
 import os
+import stat
 
 from tieaudit.core.errors import InputError
 from tieaudit.formats.bare_pickle import scan
@@ -23,8 +24,8 @@ def taken_by_torch(path: str) -> bool:
     """A regular file (not a link) whose content torch.load takes, or which names code torch.load
     (weights_only=False) would run; False for anything that cannot be read or scanned."""
     try:
-        status = os.lstat(path)
-        if not os.path.isfile(path) or os.path.islink(path):
+        status = os.lstat(path)  # a link is not followed: not S_ISREG
+        if not stat.S_ISREG(status.st_mode):
             return False
         head, _ = read_head(path)
         if is_torch_tar(path, head):
