@@ -35,6 +35,8 @@ from tieaudit.cli.main import main
 from tieaudit.formats.hf_covered import covered_files
 from tieaudit.formats.torch_tar_walk import NO_STORAGES
 from tieaudit.gate.discover import discover
+from tieaudit.gate.files import HIDDEN
+from tieaudit.gate.hidden import searched_folder
 
 VOCAB, WIDTH = 100, 32
 LFS_TEXT = f"version https://git-lfs.github.com/spec/v1\noid sha256:{'ab' * 32}\nsize 123456\n"
@@ -472,7 +474,7 @@ def test_every_file_not_audited_gets_its_reason(tmp_path: Path) -> None:
         for f in found.files
     ]
     assert listed == [
-        (".cache/", "skipped", "hidden (its name starts with '.')"),
+        (".cache/", "skipped", searched_folder(HIDDEN)),  # searched for code only: none found
         ("arrays.npz", "skipped", "NumPy .npz archive: recognised, not supported yet"),
         ("data.tar", "skipped", NO_STORAGES),  # a .tar (PAX, as tarfile writes) holding no torch.save data
         ("legacy/old.safetensors", "skipped", "excluded by --exclude legacy/**"),  # the folder is entered

@@ -1,8 +1,9 @@
-"""A dot hides nothing from torch.load: a hidden file torch.load takes is audited in a folder.
+"""A name hides nothing from torch.load: what would run code is audited wherever a folder holds it.
 
-The folder search skips hidden names (``.DS_Store``, macOS' ``._x.safetensors``), but a script
-loads a file by any name: the outside red team's ``.optimizer.pt`` (a pickle running
-``builtins.exec``) next to a clean ``model.pt`` was "skipped (hidden)" and the folder passed.
+The folder search skips hidden names (``.git``, ``.DS_Store``, macOS' ``._x.safetensors``) and
+retie's stages and backups, but a script loads a file by any name: the outside red team's
+``.optimizer.pt`` (a pickle running ``builtins.exec``) next to a clean ``model.pt`` was "skipped
+(hidden)" and the folder passed; then ``.ckpt/payload.pt``, under a hidden folder, did the same.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tieaudit.formats.torch_takes import taken_by_torch
+from tieaudit.formats.torch_takes import hides_code
+from tieaudit.gate import hidden
+from tieaudit.gate.discover import discover
 
 ROOT = Path(__file__).resolve().parent.parent
 CLONED = ROOT / "fixtures" / "generated" / "safetensors" / "untied_lm.safetensors"
@@ -60,7 +63,100 @@ def test_hidden_metadata_stays_skipped(tmp_path: Path) -> None:
         (b"just text", False),
     ],
 )
-def test_what_torch_takes_by_content(tmp_path: Path, content: bytes, taken: bool) -> None:
+def test_what_would_run_code_by_content(tmp_path: Path, content: bytes, taken: bool) -> None:
     path = tmp_path / ".hidden"
     path.write_bytes(content)
-    assert taken_by_torch(str(path)) is taken
+    assert hides_code(str(path)) is taken
+
+
+def _torch_save(path: Path, *, payload: bool) -> None:
+    torch = pytest.importorskip("torch")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    value: dict[str, object] = {"w": torch.zeros(3)}
+    if payload:
+        value["p"] = Payload()
+    torch.save(value, path)
+
+
+def test_torch_files_by_their_pickle(tmp_path: Path) -> None:
+    _torch_save(tmp_path / "clean", payload=False)
+    _torch_save(tmp_path / "dirty", payload=True)
+    assert not hides_code(str(tmp_path / "clean"))  # torch.load takes it and runs nothing
+    assert hides_code(str(tmp_path / "dirty"))
+    (tmp_path / "cut").write_bytes((tmp_path / "dirty").read_bytes()[:200])  # refused: not vouched for
+    assert hides_code(str(tmp_path / "cut"))
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        ".ckpt/payload.pt",
+        ".cache/a/b/c/optimizer",
+        "model.tieaudit-backup/opt.pt",
+        ".m.tieaudit-stage-1/x.bin",
+    ],
+)
+def test_a_skipped_folder_never_hides_code(tmp_path: Path, where: str) -> None:
+    (tmp_path / "model.safetensors").write_bytes(CLONED.read_bytes())
+    payload = tmp_path / where
+    payload.parent.mkdir(parents=True)
+    payload.write_bytes(pickle.dumps(Payload(), protocol=2))
+    out = check(tmp_path)
+    assert out.returncode == 1 and "TIE010" in out.stdout and where in out.stdout, out.stdout + out.stderr
+
+
+def test_a_git_clone_is_not_reported_twice(tmp_path: Path) -> None:
+    """.git/lfs/objects holds a copy of each LFS checkpoint: clean, it stays skipped; naming code,
+    it fails like the working copy."""
+    _torch_save(tmp_path / "model.pt", payload=False)
+    lfs = tmp_path / ".git" / "lfs" / "objects" / "ab" / "cd"
+    _torch_save(lfs / "clean", payload=False)
+    (tmp_path / ".git" / "config").write_text("[core]\n")
+    out = check(tmp_path)
+    assert out.returncode == 0 and "clean" not in out.stdout, out.stdout + out.stderr
+    assert "1 hidden (its name starts with '.'), searched only" in out.stderr, out.stderr
+    _torch_save(lfs / "dirty", payload=True)
+    out = check(tmp_path)
+    assert out.returncode == 1 and "objects/ab/cd/dirty" in out.stdout, out.stdout + out.stderr
+    excluded = subprocess.run(
+        [sys.executable, "-m", "tieaudit", "check", str(tmp_path), "--exclude", ".git"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert excluded.returncode == 0 and "excluded by --exclude .git" in excluded.stderr, excluded.stderr
+
+
+def test_a_hidden_link_is_not_followed(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "payload.pt").write_bytes(pickle.dumps(Payload(), protocol=2))
+    root = tmp_path / "root"
+    (root / ".ckpt").mkdir(parents=True)
+    (root / "model.safetensors").write_bytes(CLONED.read_bytes())
+    (root / ".ckpt" / "link.pt").symlink_to(outside / "payload.pt")
+    (root / ".outside").symlink_to(outside, target_is_directory=True)
+    found = discover([str(root)])
+    assert [Path(t.path).name for t in found.targets] == ["model.safetensors"]
+    assert not found.errors
+
+
+def test_a_skipped_folder_too_large_to_search_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hidden, "MAX_HIDDEN_ENTRIES", 5)
+    (tmp_path / "model.safetensors").write_bytes(CLONED.read_bytes())
+    objects = tmp_path / ".git" / "objects"
+    objects.mkdir(parents=True)
+    for n in range(10):
+        (objects / f"{n:02d}").write_bytes(b"x" * 10)
+    (tmp_path / ".small").mkdir()
+    (tmp_path / ".small" / "payload.pt").write_bytes(pickle.dumps(Payload(), protocol=2))
+    found = discover([str(tmp_path)])
+    assert [(e.path, "more than 5 entries" in e.message) for e in found.errors] == [
+        (str(tmp_path / ".git"), True)
+    ]
+    # the limit is per skipped folder: the next one is searched whole, its payload found
+    assert sorted(Path(t.path).name for t in found.targets) == ["model.safetensors", "payload.pt"]

@@ -30,7 +30,7 @@ from tieaudit.formats.hf_dir import SAFE_INDEX, TORCH_INDEX, TORCH_SINGLE, hub_b
 from tieaudit.formats.hf_ties import CONFIG
 from tieaudit.formats.magic import GGUF_MAGIC, is_lfs_pointer, might_be_torch, read_head
 from tieaudit.formats.torch_sniff import is_legacy_stream, is_torch_tar, is_torch_zip
-from tieaudit.formats.torch_takes import taken_by_torch
+from tieaudit.formats.torch_takes import hides_code
 from tieaudit.formats.torch_tar_walk import scan_tar
 from tieaudit.gate.files import (
     EXCLUDED,
@@ -45,6 +45,8 @@ from tieaudit.gate.files import (
     skip_reason,
 )
 from tieaudit.gate.glob_use import ExcludeMatches, check_excludes
+from tieaudit.gate.hidden import HiddenCount, searched_folder, too_many
+from tieaudit.gate.targets import Discovery, PathError, Target
 from tieaudit.repair.publish import BACKUP_SUFFIX, STAGE_INFIX
 
 __all__ = [
@@ -69,47 +71,6 @@ torch.save data but names code, which torch.load(weights_only=False) runs before
 (``formats.bare_pickle``), and so is a tar archive (torch's pre-0.4 format) whose pickles name code
 or cannot be walked to their end (``formats.torch_tar_walk``); one naming none is skipped, saying why."""
 LINK_OUTSIDE = "is a link to a file outside the folder searched; name it on the command line to audit it"
-
-
-@dataclass(frozen=True)
-class Target:
-    """One checkpoint to audit."""
-
-    path: str
-    """The file or model folder: the argument itself, or joined under the folder argument."""
-    explicit: bool
-    """Named on the command line (not found by walking a folder)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class PathError:
-    """A path that could not be audited or listed (the run is then incomplete)."""
-
-    path: str
-    """The path as given or found."""
-    message: str
-    """One line: what is wrong."""
-    lfs_pointer: bool = False
-    """The path (or a file of the model folder) is a Git LFS pointer: skipped under --skip-lfs-pointers."""
-    data_of: tuple[str, ...] = ()
-    """The path is external data of these ONNX models: covered when one of them is audited."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class Discovery:
-    """What the arguments name."""
-
-    targets: tuple[Target, ...]
-    """Checkpoints to audit, in argument order, then by name within a folder; no duplicates."""
-    errors: tuple[PathError, ...]
-    """Folders that could not be listed, entries that could not be read or lead outside."""
-    files: tuple[FileVerdict, ...] = ()
-    """Every file found (and every folder not entered), in walk order, with its verdict so far."""
-    from_cache: tuple[tuple[str, CacheSnapshot], ...] = ()
-    """Arguments that name no path but a repository in the Hugging Face cache, with the snapshot
-    searched in their place (``formats.hf_cache``)."""
-    excludes: ExcludeMatches | None = None
-    """What each --exclude pattern matched (None without patterns)."""
 
 
 def _skipped_name(name: str) -> str:
@@ -159,6 +120,8 @@ class _Folder:
     """Its entries not yet looked at, by name."""
     found_before: int
     """Targets found before entering it; -1 for a model folder (a target itself, whatever it holds)."""
+    hidden: str = ""
+    """The hidden folder it lies under, or is ("" when none): searched only for code (gate.hidden)."""
 
 
 class _Walk:
@@ -179,6 +142,7 @@ class _Walk:
         self.found = 0
         self.seen: set[tuple[int, int]] = set()
         self.stack: list[_Folder] = []
+        self.hidden = HiddenCount()
 
     def _target(self, path: str) -> Target:
         """The argument itself as given; what is found under it, normalised (no ./ or //)."""
@@ -200,7 +164,7 @@ class _Walk:
             self.files.append(FileVerdict(path=target.path, verdict="audited", target=target.path))
         return target
 
-    def _enter(self, folder: str, *, model: Target | None = None) -> None:
+    def _enter(self, folder: str, *, model: Target | None = None, hidden: str = "") -> None:
         try:
             status = os.stat(folder)
             with os.scandir(folder) as listing:
@@ -214,7 +178,7 @@ class _Walk:
         if model is not None:
             for name in covered_files(folder):
                 self.covered.setdefault(os.path.abspath(os.path.join(folder, name)), model.path)
-        self.stack.append(_Folder(folder, iter(entries), -1 if model else self.found))
+        self.stack.append(_Folder(folder, iter(entries), -1 if model else self.found, hidden))
 
     def _is_folder(self, entry: os.DirEntry[str]) -> bool | None:
         """A folder to look into (True), a file to consider (False), or None (error recorded)."""
@@ -277,6 +241,26 @@ class _Walk:
         self._skip(entry.path, plain or skip_reason(head, entry.name, status.st_size))
         return False
 
+    def _search_skipped(
+        self, entry: os.DirEntry[str], folder: _Folder, *, reason: str, is_folder: bool
+    ) -> Iterator[Target]:
+        """An entry skipped for its name (reason): a folder is entered, searched for code only; a
+        file is audited when torch.load would run code from it; bounded per folder (gate.hidden)."""
+        root = folder.hidden or entry.path
+        if not self.hidden.admit(root):
+            self._error(root, too_many(self.hidden.limit))
+            while self.stack and self.stack[-1].hidden == root:
+                self.stack.pop()  # the rest of that hidden folder is not searched
+            return
+        if is_folder:
+            if not folder.hidden:
+                self._skip(entry.path, searched_folder(reason), folder=True)
+            self._enter(entry.path, hidden=root)
+        elif hides_code(entry.path):
+            yield self._audited(self._target(entry.path))
+        elif not folder.hidden:
+            self._skip(entry.path, reason)
+
     def _link_inside(self, path: str) -> bool:
         """A link's file lies inside the folder searched, or in the hub cache's blobs folder of the
         snapshot holding it (as the model folder reader allows)."""
@@ -302,6 +286,8 @@ class _Walk:
     def _folder_done(self, folder: _Folder) -> Iterator[Target]:
         # a config.json folder holding nothing to audit (no weights, no ONNX export beside it) is
         # one target: its audit says what is missing
+        if folder.hidden:
+            return
         if self.found == folder.found_before and os.path.lexists(os.path.join(folder.path, CONFIG)):
             yield self._target(folder.path)
 
@@ -323,17 +309,17 @@ class _Walk:
                 continue
             if self._covered(entry):
                 continue
-            skipped = _skipped_name(entry.name)
-            pattern = "" if skipped else self._excluded(entry)
+            skipped = HIDDEN if folder.hidden else _skipped_name(entry.name)
+            pattern = self._excluded(entry)
             if skipped or pattern:
                 try:
                     folder_entry = entry.is_dir(follow_symlinks=False)
                 except OSError:
                     folder_entry = False
-                if skipped == HIDDEN and not folder_entry and taken_by_torch(entry.path):
-                    yield self._audited(self._target(entry.path))  # a dot never hides code
-                    continue
-                self._skip(entry.path, skipped or EXCLUDED.format(pattern=pattern), folder=folder_entry)
+                if pattern:
+                    self._skip(entry.path, EXCLUDED.format(pattern=pattern), folder=folder_entry)
+                else:  # a name never hides code
+                    yield from self._search_skipped(entry, folder, reason=skipped, is_folder=folder_entry)
                 continue
             is_folder = self._is_folder(entry)
             if is_folder and is_model_folder(entry.path):
