@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from tieaudit.core.bytestore import ByteStore, OpenCheckpoint
 from tieaudit.core.dtypes import itemsize
-from tieaudit.core.errors import InputError, UnsupportedFormatError, one_line
+from tieaudit.core.errors import InputError, UnsafeInputError, UnsupportedFormatError, one_line
 from tieaudit.core.escape import quoted
 from tieaudit.core.limits import U64_MAX, bounded_product, shown_dims
 from tieaudit.core.records import (
@@ -193,6 +193,35 @@ def _read_raw(path: str) -> tuple[bytes, int]:
         raise InputError(f"cannot read: {exc.strerror or exc}", path) from exc
 
 
+POLYGLOT = (
+    "is both a safetensors file and torch.save data (a polyglot): safetensors reads one set of "
+    "tensors from it, torch.load (given another name, or the open file) unpickles the other, and "
+    "tieaudit will not vouch for one reading while a loader takes the other"
+)
+"""Why a safetensors file whose bytes torch.load takes is refused, whatever its name."""
+
+
+def refuse_polyglot(path: str) -> None:
+    """Refuse a safetensors file that torch.load takes too. torch.load tries a zip (its first 4 bytes)
+    and a tar archive (its first 512) before the legacy stream; a legacy stream's first pickle cannot
+    fit in the header length of a file under 1 TiB (its bytes 5 to 7 are zero, no opcode, and '{'
+    follows), so only those two are looked at (the torch sniffers are imported only then)."""
+    from tieaudit.formats.magic import ZIP_MAGIC
+    from tieaudit.formats.torch_tar import TAR_BLOCK, is_tar_header
+
+    try:
+        with open(path, "rb") as handle:
+            block = handle.read(TAR_BLOCK)
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror or exc}", path) from exc
+    if not (block.startswith(ZIP_MAGIC) or is_tar_header(block)):
+        return
+    from tieaudit.formats.torch_sniff import is_torch_content
+
+    if is_torch_content(path, block[:64]):
+        raise UnsafeInputError(POLYGLOT, path)
+
+
 def _metadata(header: dict[str, object], path: str) -> dict[str, str]:
     metadata = header.pop("__metadata__", None)
     if metadata is None:  # absent, or null: the library reads both as no metadata
@@ -213,6 +242,7 @@ def read_header(path: str, file: str) -> SafetensorsHeader:
         raise InputError(f"header is not valid JSON ({one_line(exc, 200)})", path) from exc
     if not isinstance(header, dict):
         raise InputError("header is not a JSON object", path)
+    refuse_polyglot(path)
     metadata = _metadata(header, path)
     data_start = 8 + len(raw)
     # Sorted by offsets, as the library sorts them before validating.
