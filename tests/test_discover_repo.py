@@ -35,7 +35,7 @@ from tieaudit.cli.main import main
 from tieaudit.formats.hf_covered import covered_files
 from tieaudit.formats.torch_tar_walk import NO_STORAGES
 from tieaudit.gate.discover import discover
-from tieaudit.gate.files import HIDDEN
+from tieaudit.gate.files import HIDDEN, OUTSIDE_FOLDER
 from tieaudit.gate.hidden import searched_folder
 
 VOCAB, WIDTH = 100, 32
@@ -480,6 +480,6 @@ def test_every_file_not_audited_gets_its_reason(tmp_path: Path) -> None:
         ("legacy/old.safetensors", "skipped", "excluded by --exclude legacy/**"),  # the folder is entered
         ("model.safetensors", "audited", ""),
         ("outside.json", "skipped", "a link to a file outside the folder searched"),
-        ("up/", "skipped", "a link to a folder, not followed"),
+        ("up/", "skipped", searched_folder(OUTSIDE_FOLDER)),  # leads outside: searched for code
         ("weights.npy", "skipped", "NumPy .npy array: recognised, not supported yet"),
     ]

@@ -160,3 +160,37 @@ def test_a_skipped_folder_too_large_to_search_is_an_error(
     ]
     # the limit is per skipped folder: the next one is searched whole, its payload found
     assert sorted(Path(t.path).name for t in found.targets) == ["model.safetensors", "payload.pt"]
+
+
+def test_a_link_leading_outside_never_hides_code(tmp_path: Path) -> None:
+    """A link to a folder outside PATH is searched for code like a hidden folder; a link to a file
+    outside, whatever its name, is audited when torch.load would run code from its file."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "m.pt").write_bytes(pickle.dumps(Payload(), protocol=2))
+    (outside / "clean.pt").write_bytes(pickle.dumps({"vocab": [1]}, protocol=2))
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "model.safetensors").write_bytes(CLONED.read_bytes())
+    (root / "link").symlink_to(outside, target_is_directory=True)
+    (root / "weights").symlink_to(outside / "m.pt")
+    found = discover([str(root)])
+    assert sorted(Path(t.path).relative_to(root).as_posix() for t in found.targets) == [
+        "link/m.pt",
+        "model.safetensors",
+        "weights",
+    ]
+    out = check(root)
+    assert out.returncode == 1 and "link/m.pt" in out.stdout and "weights" in out.stdout, out.stdout
+
+
+def test_a_link_to_a_folder_inside_is_not_followed(tmp_path: Path) -> None:
+    """Its files are searched where they lie, once."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "m.pt").write_bytes(pickle.dumps(Payload(), protocol=2))
+    (tmp_path / "alias").symlink_to(tmp_path / "real", target_is_directory=True)
+    found = discover([str(tmp_path)])
+    assert [Path(t.path).relative_to(tmp_path).as_posix() for t in found.targets] == ["real/m.pt"]
+    assert [f.reason for f in found.files if f.path.endswith("alias/")] == [
+        "a link to a folder, not followed"
+    ]

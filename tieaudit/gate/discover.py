@@ -3,10 +3,12 @@
 A path given on the command line is always audited as it is. A Hugging Face model folder is one
 checkpoint (its shards are never listed alone), and what its reader does not read is searched like
 any folder: an ``onnx/`` export, a ``model.fp16.safetensors`` beside ``model.safetensors``, a
-``.ckpt`` are audited on their own. Every file found gets a verdict (``gate.files``). A walk never
-follows a link to a folder, follows a link to a file only when the file lies inside the folder
-given, and turns every entry it cannot read into one error for that entry (a link loop, a link
-target too long, no permission): the other paths are still audited. An argument that is no path
+``.ckpt`` are audited on their own. Every file found gets a verdict (``gate.files``). A walk
+follows a link to a folder inside the folder given never (its files are searched where they lie),
+and one leading outside only to search it for code (``gate.hidden``, as hidden folders are); it
+follows a link to a file when the file lies inside, or, leading outside, when torch.load would run
+code from it; it turns every entry it cannot read into one error for that entry (a link loop, a
+link target too long, no permission): the other paths are still audited. An argument that is no path
 but a repository id (``org/name[@revision]``) is the snapshot the Hugging Face cache holds for it.
 
 ``--exclude`` patterns are relative to one base, as the policy's ``[[path]]`` globs are: the policy
@@ -37,6 +39,7 @@ from tieaudit.gate.files import (
     HIDDEN,
     LINKED_FOLDER,
     NOT_REGULAR,
+    OUTSIDE_FOLDER,
     OUTSIDE_LINK,
     RETIE_BACKUP,
     STAGING,
@@ -202,7 +205,12 @@ class _Walk:
             self._error(entry.path, f"{what}: {_reason(exc)}")
             return False
         if stat.S_ISDIR(status.st_mode):
-            self._skip(entry.path, LINKED_FOLDER, folder=True)
+            if self._link_inside(entry.path):  # its files are searched where they lie
+                self._skip(entry.path, LINKED_FOLDER, folder=True)
+            else:  # found nowhere else: searched for code, as a hidden folder is
+                self._skip(entry.path, searched_folder(OUTSIDE_FOLDER), folder=True)
+                if self.hidden.admit(entry.path):
+                    self._enter(entry.path, hidden=entry.path)
             return False
         if not stat.S_ISREG(status.st_mode):
             self._skip(entry.path, NOT_REGULAR)
@@ -211,8 +219,10 @@ class _Walk:
         if link and not self._link_inside(entry.path):
             if named:
                 self._error(entry.path, LINK_OUTSIDE)
-            else:
-                self._skip(entry.path, OUTSIDE_LINK)
+                return False
+            if hides_code(os.path.realpath(entry.path)):
+                return True  # a link leads nowhere safer than its file
+            self._skip(entry.path, OUTSIDE_LINK)
             return False
         try:
             head, _ = read_head(entry.path)

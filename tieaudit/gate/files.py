@@ -20,6 +20,7 @@ __all__ = [
     "HIDDEN",
     "LFS_POINTER",
     "LINKED_FOLDER",
+    "OUTSIDE_FOLDER",
     "OUTSIDE_LINK",
     "NOT_A_CHECKPOINT",
     "NOT_REGULAR",
@@ -41,6 +42,7 @@ RETIE_BACKUP = "a retie backup: the original kept by --in-place"
 LINKED_FOLDER = "a link to a folder, not followed"
 NOT_REGULAR = "not a regular file (a FIFO, socket or device)"
 OUTSIDE_LINK = "a link to a file outside the folder searched"
+OUTSIDE_FOLDER = "a link to a folder outside the folder searched"
 EXCLUDED = "excluded by --exclude {pattern}"
 READ_WITH_FOLDER = "read with the model folder {target}"
 EXTERNAL_DATA = "ONNX external data of {target}"
