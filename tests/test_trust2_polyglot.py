@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import pickle
 import struct
 import subprocess
 import sys
@@ -47,6 +48,42 @@ def _polyglot(path: Path) -> None:
     data[8:start] = header + b" " * (HEADER_LEN - len(header))
     assert data[:4] == b"PK\x03\x04"
     path.write_bytes(bytes(data))
+
+
+def _pickle_polyglot(path: Path) -> None:
+    """The red team's second: the header length 0x156 starts with 'V' (UNICODE, a protocol 0
+    string opcode) whose line swallows the rest of the length and the JSON header; then POP and a
+    pickle calling exec, stored as the one U8 tensor."""
+    length = 0x156
+    rest = b"0" + pickle.dumps(Payload(), protocol=2)
+    header = json.dumps({"t": {"dtype": "U8", "shape": [len(rest)], "data_offsets": [0, len(rest)]}}).encode()
+    data = struct.pack("<Q", length) + header + b" " * (length - 1 - len(header)) + b"\n" + rest
+    assert data[:1] == b"V"
+    path.write_bytes(data)
+
+
+def test_a_pickle_polyglot_runs_in_torch_and_is_refused(tmp_path: Path) -> None:
+    from safetensors import safe_open
+
+    for name in ("model.pt", "weights"):
+        folder = tmp_path / name.replace(".", "_")
+        folder.mkdir()
+        _pickle_polyglot(folder / name)
+        with safe_open(str(folder / name), framework="numpy") as opened:
+            assert list(opened.keys()) == ["t"]
+        torch_load([folder], weights_only=False)
+        assert (folder / "MARKER").exists()  # the payload ran
+        (folder / "MARKER").unlink()
+        for argument in (folder / name, folder, tmp_path):
+            out = subprocess.run(
+                [sys.executable, "-m", "tieaudit", "check", str(argument)],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+            assert out.returncode == 2 and "polyglot" in out.stderr, out.stdout + out.stderr
+            assert not (folder / "MARKER").exists()
 
 
 @pytest.fixture(scope="module")

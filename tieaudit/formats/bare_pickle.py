@@ -31,6 +31,7 @@ from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.errors import InputError, UnsupportedFormatError
 from tieaudit.core.records import PickleGlobal
 from tieaudit.formats.interface import Reader
+from tieaudit.formats.magic import starts_like_pickle
 from tieaudit.formats.pickle_walk import Walk, walk_pickles
 from tieaudit.formats.torch_pickle import MAX_PICKLE_BYTES
 from tieaudit.formats.walked import UnwalkedPickle, code_checkpoint, named_globals, refusal, walk_file
@@ -71,25 +72,8 @@ ACROSS_FRAME = (
 )
 """The one line for a pickle whose reading depends on buffering."""
 
-FIRST_OPCODES = frozenset(b"(FIJKLMNSTUVXBCGc])}\x88\x89\x8a\x8b\x8c\x8d\x8e\x8f\x95\x96")
-"""Opcodes a pickle may start with without the unpickler failing on them: MARK, every opcode that
-pushes a value from its argument alone (numbers, strings, bytes, empty containers, GLOBAL), and
-FRAME; PROTO too, with a protocol up to 5. Every other first byte fails at once (a pop from the
-empty stack, a memo read from the empty memo, a persistent id without persistent_load, an
-unknown opcode), importing nothing."""
 _HEAD_BYTES = 64
 """Bytes walked before the file is mapped (as many as ``magic.read_head`` reads)."""
-_PROTO = 0x80
-_HIGHEST_PROTOCOL = 5
-
-
-def starts_like_pickle(head: bytes) -> bool:
-    """head (one or two bytes suffice) is how a pickle the unpickler does not refuse at once starts."""
-    if not head:
-        return False
-    if head[0] == _PROTO:
-        return len(head) < 2 or head[1] <= _HIGHEST_PROTOCOL
-    return head[0] in FIRST_OPCODES
 
 
 @dataclass(frozen=True)

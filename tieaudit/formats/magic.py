@@ -19,6 +19,7 @@ __all__ = [
     "LFS_POINTER",
     "MAX_LFS_POINTER_BYTES",
     "PICKLE_PROTO",
+    "starts_like_pickle",
     "GGUF_MAGIC",
     "ZIP_MAGIC",
     "is_lfs_pointer",
@@ -55,6 +56,24 @@ _MSGPACK_MAP = frozenset(range(0x80, 0x90)) | {0xDE, 0xDF}
 """First byte of a msgpack map (fixmap, map16, map32): a Flax checkpoint is one."""
 NOT_SUPPORTED = ": recognised, not supported yet"
 """Said after the format's name."""
+
+
+FIRST_OPCODES = frozenset(b"(FIJKLMNSTUVXBCGc])}\x88\x89\x8a\x8b\x8c\x8d\x8e\x8f\x95\x96")
+"""Opcodes a pickle may start with without the unpickler failing on them: MARK, every opcode that
+pushes a value from its argument alone (numbers, strings, bytes, empty containers, GLOBAL), and
+FRAME; PROTO too, with a protocol up to 5. Every other first byte fails at once (a pop from the
+empty stack, a memo read from the empty memo, a persistent id without persistent_load, an
+unknown opcode), importing nothing."""
+_HIGHEST_PROTOCOL = 5
+
+
+def starts_like_pickle(head: bytes) -> bool:
+    """head (one or two bytes suffice) is how a pickle the unpickler does not refuse at once starts."""
+    if not head:
+        return False
+    if head[0] == PICKLE_PROTO:
+        return len(head) < 2 or head[1] <= _HIGHEST_PROTOCOL
+    return head[0] in FIRST_OPCODES
 
 
 def might_be_torch(head: bytes) -> bool:

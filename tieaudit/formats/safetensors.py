@@ -194,19 +194,19 @@ def _read_raw(path: str) -> tuple[bytes, int]:
 
 
 POLYGLOT = (
-    "is both a safetensors file and torch.save data (a polyglot): safetensors reads one set of "
-    "tensors from it, torch.load (given another name, or the open file) unpickles the other, and "
-    "tieaudit will not vouch for one reading while a loader takes the other"
+    "is both a safetensors file and a file torch.load unpickles (a polyglot): safetensors reads "
+    "tensors from it, torch.load (given another name, or the open file) unpickles {what}; tieaudit "
+    "will not vouch for one reading while a loader takes the other"
 )
-"""Why a safetensors file whose bytes torch.load takes is refused, whatever its name."""
+"""Why a safetensors file torch.load takes too is refused, whatever its name."""
 
 
-def refuse_polyglot(path: str) -> None:
-    """Refuse a safetensors file that torch.load takes too. torch.load tries a zip (its first 4 bytes)
-    and a tar archive (its first 512) before the legacy stream; a legacy stream's first pickle cannot
-    fit in the header length of a file under 1 TiB (its bytes 5 to 7 are zero, no opcode, and '{'
-    follows), so only those two are looked at (the torch sniffers are imported only then)."""
-    from tieaudit.formats.magic import ZIP_MAGIC
+def refuse_polyglot(path: str, size: int) -> None:
+    """Refuse a safetensors file that torch.load takes too, as torch.load tries it: a zip (its first
+    4 bytes), a tar archive (its first 512), or a pickle from byte 0: the legacy stream, or any
+    pickle it unpickles before it fails (a string opcode can swallow the header length and the
+    JSON). The torch sniffers and the pickle walk are imported only for a file starting like one."""
+    from tieaudit.formats.magic import ZIP_MAGIC, starts_like_pickle
     from tieaudit.formats.torch_tar import TAR_BLOCK, is_tar_header
 
     try:
@@ -214,12 +214,16 @@ def refuse_polyglot(path: str) -> None:
             block = handle.read(TAR_BLOCK)
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror or exc}", path) from exc
-    if not (block.startswith(ZIP_MAGIC) or is_tar_header(block)):
+    if not (block.startswith(ZIP_MAGIC) or starts_like_pickle(block) or is_tar_header(block)):
         return
+    from tieaudit.formats.bare_pickle import scan
     from tieaudit.formats.torch_sniff import is_torch_content
 
     if is_torch_content(path, block[:64]):
-        raise UnsafeInputError(POLYGLOT, path)
+        raise UnsafeInputError(POLYGLOT.format(what="its torch.save data"), path)
+    found = scan(path, block[:64], size, until_code=True)
+    if found is not None and found.audited:  # names code, or cannot be walked to its end
+        raise UnsafeInputError(POLYGLOT.format(what="a pickle naming code"), path)
 
 
 def _metadata(header: dict[str, object], path: str) -> dict[str, str]:
@@ -242,7 +246,7 @@ def read_header(path: str, file: str) -> SafetensorsHeader:
         raise InputError(f"header is not valid JSON ({one_line(exc, 200)})", path) from exc
     if not isinstance(header, dict):
         raise InputError("header is not a JSON object", path)
-    refuse_polyglot(path)
+    refuse_polyglot(path, size)
     metadata = _metadata(header, path)
     data_start = 8 + len(raw)
     # Sorted by offsets, as the library sorts them before validating.
