@@ -129,18 +129,50 @@ def test_a_git_clone_is_not_reported_twice(tmp_path: Path) -> None:
     assert excluded.returncode == 0 and "excluded by --exclude .git" in excluded.stderr, excluded.stderr
 
 
-def test_a_hidden_link_is_not_followed(tmp_path: Path) -> None:
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    (outside / "payload.pt").write_bytes(pickle.dumps(Payload(), protocol=2))
-    root = tmp_path / "root"
-    (root / ".ckpt").mkdir(parents=True)
-    (root / "model.safetensors").write_bytes(CLONED.read_bytes())
-    (root / ".ckpt" / "link.pt").symlink_to(outside / "payload.pt")
-    (root / ".outside").symlink_to(outside, target_is_directory=True)
-    found = discover([str(root)])
-    assert [Path(t.path).name for t in found.targets] == ["model.safetensors"]
+def test_a_hidden_link_inside_is_not_followed(tmp_path: Path) -> None:
+    """A link in (or as) a hidden folder whose target lies inside PATH: the target is searched
+    where it lies, once."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "payload.pt").write_bytes(pickle.dumps(Payload(), protocol=2))
+    (tmp_path / ".ckpt").mkdir()
+    (tmp_path / ".ckpt" / "link.pt").symlink_to(tmp_path / "real" / "payload.pt")
+    (tmp_path / ".alias").symlink_to(tmp_path / "real", target_is_directory=True)
+    found = discover([str(tmp_path)])
+    assert [Path(t.path).relative_to(tmp_path).as_posix() for t in found.targets] == ["real/payload.pt"]
     assert not found.errors
+
+
+@pytest.mark.parametrize(
+    "layout",
+    ["hidden folder is a link", "file link in a hidden folder", "folder link in a hidden folder"],
+)
+def test_a_hidden_link_leading_outside_is_searched(tmp_path: Path, layout: str) -> None:
+    """Red team 4: `.cache -> /outside`, `.cache/model -> /outside/x`, `.git/objs -> /outside`
+    passed (exit 0); a link leading outside is searched wherever it is found."""
+    outside = tmp_path / "outside"
+    (outside / "sub").mkdir(parents=True)
+    (outside / "sub" / "evil").write_bytes(pickle.dumps(Payload(), protocol=2))
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "model.safetensors").write_bytes(CLONED.read_bytes())
+    if layout == "hidden folder is a link":
+        (root / ".cache").symlink_to(outside, target_is_directory=True)
+        expected = ".cache/sub/evil"
+    elif layout == "file link in a hidden folder":
+        (root / ".cache").mkdir()
+        (root / ".cache" / "model").symlink_to(outside / "sub" / "evil")
+        expected = ".cache/model"
+    else:
+        (root / ".git").mkdir()
+        (root / ".git" / "objs").symlink_to(outside, target_is_directory=True)
+        expected = ".git/objs/sub/evil"
+    found = discover([str(root)])
+    assert sorted(Path(t.path).relative_to(root).as_posix() for t in found.targets) == [
+        expected,
+        "model.safetensors",
+    ]
+    out = check(root)
+    assert out.returncode == 1 and expected in out.stdout, out.stdout + out.stderr
 
 
 def test_a_skipped_folder_too_large_to_search_is_an_error(
@@ -155,9 +187,9 @@ def test_a_skipped_folder_too_large_to_search_is_an_error(
     (tmp_path / ".small").mkdir()
     (tmp_path / ".small" / "payload.pt").write_bytes(pickle.dumps(Payload(), protocol=2))
     found = discover([str(tmp_path)])
-    assert [(e.path, "more than 5 entries" in e.message) for e in found.errors] == [
-        (str(tmp_path / ".git"), True)
-    ]
+    assert [
+        (e.path, "more than 5 entries" in e.message and "--exclude" in e.message) for e in found.errors
+    ] == [(str(tmp_path / ".git"), True)]
     # the limit is per skipped folder: the next one is searched whole, its payload found
     assert sorted(Path(t.path).name for t in found.targets) == ["model.safetensors", "payload.pt"]
 

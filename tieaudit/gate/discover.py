@@ -258,15 +258,21 @@ class _Walk:
         file is audited when torch.load would run code from it; bounded per folder (gate.hidden)."""
         root = folder.hidden or entry.path
         if not self.hidden.admit(root):
-            self._error(root, too_many(self.hidden.limit))
+            self._error(root, too_many(self.hidden.limit, posix_relative(root, self.matches.base)))
             while self.stack and self.stack[-1].hidden == root:
                 self.stack.pop()  # the rest of that hidden folder is not searched
             return
-        if is_folder:
+        kind, path = ("folder" if is_folder else "file"), entry.path
+        if not is_folder and os.path.islink(entry.path):
+            if self._link_inside(entry.path):
+                kind = ""  # its target is searched where it lies
+            else:  # leading outside: searched, as a link elsewhere is (a link never hides code)
+                kind, path = ("folder" if os.path.isdir(entry.path) else "file"), os.path.realpath(entry.path)
+        if kind == "folder":
             if not folder.hidden:
                 self._skip(entry.path, searched_folder(reason), folder=True)
             self._enter(entry.path, hidden=root)
-        elif hides_code(entry.path):
+        elif kind == "file" and hides_code(path):
             yield self._audited(self._target(entry.path))
         elif not folder.hidden:
             self._skip(entry.path, reason)

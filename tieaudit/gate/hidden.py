@@ -6,8 +6,9 @@ A name starting with '.' is tools' state (``.git``, ``.cache``, ``.ipynb_checkpo
 name hides nothing from ``torch.load``: a script loads ``.ckpt/payload.pt`` or
 ``x.tieaudit-backup/optimizer.pt`` by name. So such files, and every file under such a folder, are
 searched for what torch.load would run code from (``formats.torch_takes.hides_code``): such a file
-is audited (TIE010); the rest stays skipped (a folder is listed once, not file by file). Links are
-never followed there.
+is audited (TIE010); the rest stays skipped (a folder is listed once, not file by file). A link
+there is searched when it leads outside the folder given (its target is found nowhere else), and
+not followed when its target lies inside (searched where it lies).
 
 The search is bounded: a hidden folder of more than MAX_HIDDEN_ENTRIES entries (files and folders,
 at any depth) is an error for that folder, never a silent pass; ``--exclude`` names it to skip it
@@ -15,6 +16,8 @@ knowingly (an exclude pattern is matched before the hidden rule).
 """
 
 from __future__ import annotations
+
+import shlex
 
 __all__ = ["MAX_HIDDEN_ENTRIES", "HiddenCount", "searched_folder", "too_many"]
 
@@ -27,13 +30,13 @@ def searched_folder(reason: str) -> str:
     return f"{reason}, searched only for files torch.load would run code from"
 
 
-def too_many(limit: int) -> str:
-    """The one line for a hidden folder that holds more than the search reads."""
+def too_many(limit: int, shown: str) -> str:
+    """The one line for a skipped folder (shown: its path as --exclude patterns spell it) that holds
+    more than the search reads."""
     return (
         f"a skipped folder of more than {limit} entries: tieaudit searches hidden folders (and retie's "
-        "stages and backups) for files "
-        "torch.load would run code from, and stopped here; pass --exclude with the folder's name to "
-        "skip it knowingly"
+        "stages and backups, and links leading outside) for files torch.load would run code from, "
+        f"and stopped here; pass --exclude {shlex.quote(shown)} to skip this folder knowingly"
     )
 
 
