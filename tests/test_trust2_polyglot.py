@@ -19,8 +19,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
-from tests.torch_child import torch_load
+from torch_child import torch_load
 
 HEADER_LEN = int.from_bytes(b"PK\x03\x04\x00\x00\x00\x00", "little")
 """The safetensors header length whose first 4 bytes are a zip local header."""
