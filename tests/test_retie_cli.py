@@ -15,6 +15,8 @@ from safetensors.numpy import save_file
 
 from tieaudit.cli.main import main
 from tieaudit.formats import open_checkpoint
+from tieaudit.gate.files import RETIE_BACKUP
+from tieaudit.gate.hidden import searched_folder
 from tieaudit.repair.publish import BACKUP_SUFFIX
 
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
@@ -68,7 +70,8 @@ def test_in_place_alone_and_check_skips_the_backup(
     assert main(["check", ".", "--show-files"]) == 0  # the backup (a whole model, for a folder) is skipped
     out = capsys.readouterr().out
     shown = backup.name + ("/" if kind == "folder" else "")
-    assert f"skipped  {shown}  (a retie backup: the original kept by --in-place)" in out.splitlines()
+    reason = RETIE_BACKUP if kind == "file" else searched_folder(RETIE_BACKUP)  # searched for code
+    assert f"skipped  {shown}  ({reason})" in out.splitlines()
     assert f"ok   {source.name}" in out
 
 

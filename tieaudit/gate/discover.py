@@ -113,7 +113,7 @@ def _reason(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Folder:
     """A folder being walked: its entries still to look at, and how many targets came before it."""
 
@@ -181,7 +181,11 @@ class _Walk:
         if model is not None:
             for name in covered_files(folder):
                 self.covered.setdefault(os.path.abspath(os.path.join(folder, name)), model.path)
-        self.stack.append(_Folder(folder, iter(entries), -1 if model else self.found, hidden))
+        self.stack.append(
+            _Folder(
+                path=folder, entries=iter(entries), found_before=-1 if model else self.found, hidden=hidden
+            )
+        )
 
     def _is_folder(self, entry: os.DirEntry[str]) -> bool | None:
         """A folder to look into (True), a file to consider (False), or None (error recorded)."""
