@@ -31,7 +31,7 @@ from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.errors import InputError, UnsupportedFormatError
 from tieaudit.core.records import PickleGlobal
 from tieaudit.formats.interface import Reader
-from tieaudit.formats.magic import starts_like_pickle
+from tieaudit.formats.pickle_start import starts_like_pickle
 from tieaudit.formats.pickle_walk import Walk, walk_pickles
 from tieaudit.formats.torch_pickle import MAX_PICKLE_BYTES
 from tieaudit.formats.walked import UnwalkedPickle, code_checkpoint, named_globals, refusal, walk_file
@@ -45,6 +45,7 @@ __all__ = [
     "refusal",
     "scan",
     "starts_like_pickle",
+    "unpickled_by_torch",
 ]
 
 MAX_SCAN_BYTES = MAX_PICKLE_BYTES
@@ -113,6 +114,18 @@ def scan(path: str, head: bytes, size: int, *, until_code: bool = False) -> Bare
     if walk.ending == "unscanned" and len(head) < size and not (until_code and walk.runs_code):
         walk = walk_file(path, limit=MAX_SCAN_BYTES, until_code=until_code)
     return BarePickle(walk)
+
+
+def unpickled_by_torch(path: str, head: bytes, size: int) -> bool:
+    """torch.load takes the file (head: its first bytes, size: its size) for torch.save data, or
+    unpickles a pickle in it that names code (or that tieaudit cannot walk to its end) before it
+    fails: what a file of another format must not also be."""
+    from tieaudit.formats.torch_sniff import is_torch_content
+
+    if is_torch_content(path, head):
+        return True
+    found = scan(path, head, size, until_code=True)
+    return found is not None and found.audited
 
 
 def _unwalked(found: BarePickle, path: str) -> None:

@@ -13,13 +13,13 @@ from __future__ import annotations
 import os
 
 from tieaudit.core.errors import InputError, LfsPointerError, UnsupportedFormatError
+from tieaudit.formats.pickle_start import PICKLE_PROTO
 from tieaudit.formats.zip_archive import LOCAL_MAGIC as ZIP_MAGIC
 
 __all__ = [
     "LFS_POINTER",
     "MAX_LFS_POINTER_BYTES",
     "PICKLE_PROTO",
-    "starts_like_pickle",
     "GGUF_MAGIC",
     "ZIP_MAGIC",
     "is_lfs_pointer",
@@ -31,9 +31,8 @@ __all__ = [
 
 HEAD_BYTES = 64
 """Bytes read to tell a format: every magic below fits."""
-PICKLE_PROTO = 0x80
-"""The PROTO opcode: a pickle of protocol 2 or later starts with it (torch's legacy format). A zip
-(ZIP_MAGIC, a local file header) is torch.save's format since torch 1.6."""
+# PICKLE_PROTO (formats.pickle_start): a pickle of protocol 2 or later starts with it (torch's
+# legacy format). A zip (ZIP_MAGIC, a local file header) is torch.save's format since torch 1.6.
 
 GGUF_MAGIC = b"GGUF"
 """A GGUF file (llama.cpp) starts with it."""
@@ -56,24 +55,6 @@ _MSGPACK_MAP = frozenset(range(0x80, 0x90)) | {0xDE, 0xDF}
 """First byte of a msgpack map (fixmap, map16, map32): a Flax checkpoint is one."""
 NOT_SUPPORTED = ": recognised, not supported yet"
 """Said after the format's name."""
-
-
-FIRST_OPCODES = frozenset(b"(FIJKLMNSTUVXBCGc])}\x88\x89\x8a\x8b\x8c\x8d\x8e\x8f\x95\x96")
-"""Opcodes a pickle may start with without the unpickler failing on them: MARK, every opcode that
-pushes a value from its argument alone (numbers, strings, bytes, empty containers, GLOBAL), and
-FRAME; PROTO too, with a protocol up to 5. Every other first byte fails at once (a pop from the
-empty stack, a memo read from the empty memo, a persistent id without persistent_load, an
-unknown opcode), importing nothing."""
-_HIGHEST_PROTOCOL = 5
-
-
-def starts_like_pickle(head: bytes) -> bool:
-    """head (one or two bytes suffice) is how a pickle the unpickler does not refuse at once starts."""
-    if not head:
-        return False
-    if head[0] == PICKLE_PROTO:
-        return len(head) < 2 or head[1] <= _HIGHEST_PROTOCOL
-    return head[0] in FIRST_OPCODES
 
 
 def might_be_torch(head: bytes) -> bool:
@@ -124,10 +105,7 @@ def refuse_head(path: str, head: bytes, size: int) -> None:
         raise LfsPointerError(LFS_POINTER, path)
     recognised = recognised_unsupported(head, os.path.basename(path))
     if recognised is not None:
-        from tieaudit.formats.bare_pickle import scan
-        from tieaudit.formats.torch_sniff import is_torch_content
+        from tieaudit.formats.bare_pickle import unpickled_by_torch
 
-        if not is_torch_content(path, head):
-            bare = scan(path, head, size, until_code=True)
-            if bare is None or not bare.audited:
-                raise UnsupportedFormatError(recognised, path)
+        if not unpickled_by_torch(path, head, size):
+            raise UnsupportedFormatError(recognised, path)

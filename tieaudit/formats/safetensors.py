@@ -194,9 +194,9 @@ def _read_raw(path: str) -> tuple[bytes, int]:
 
 
 POLYGLOT = (
-    "is both a safetensors file and a file torch.load unpickles (a polyglot): safetensors reads "
-    "tensors from it, torch.load (given another name, or the open file) unpickles {what}; tieaudit "
-    "will not vouch for one reading while a loader takes the other"
+    "is both a safetensors file and one torch.load unpickles (a polyglot): safetensors reads tensors "
+    "from it, torch.load (given another name, or the open file) unpickles it, as torch.save data or "
+    "as a pickle naming code; tieaudit will not vouch for one reading while a loader takes the other"
 )
 """Why a safetensors file torch.load takes too is refused, whatever its name."""
 
@@ -206,24 +206,21 @@ def refuse_polyglot(path: str, size: int) -> None:
     4 bytes), a tar archive (its first 512), or a pickle from byte 0: the legacy stream, or any
     pickle it unpickles before it fails (a string opcode can swallow the header length and the
     JSON). The torch sniffers and the pickle walk are imported only for a file starting like one."""
-    from tieaudit.formats.magic import ZIP_MAGIC, starts_like_pickle
+    from tieaudit.formats.pickle_start import starts_like_pickle
     from tieaudit.formats.torch_tar import TAR_BLOCK, is_tar_header
+    from tieaudit.formats.zip_archive import LOCAL_MAGIC
 
     try:
         with open(path, "rb") as handle:
             block = handle.read(TAR_BLOCK)
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror or exc}", path) from exc
-    if not (block.startswith(ZIP_MAGIC) or starts_like_pickle(block) or is_tar_header(block)):
+    if not (block.startswith(LOCAL_MAGIC) or starts_like_pickle(block) or is_tar_header(block)):
         return
-    from tieaudit.formats.bare_pickle import scan
-    from tieaudit.formats.torch_sniff import is_torch_content
+    from tieaudit.formats.bare_pickle import unpickled_by_torch
 
-    if is_torch_content(path, block[:64]):
-        raise UnsafeInputError(POLYGLOT.format(what="its torch.save data"), path)
-    found = scan(path, block[:64], size, until_code=True)
-    if found is not None and found.audited:  # names code, or cannot be walked to its end
-        raise UnsafeInputError(POLYGLOT.format(what="a pickle naming code"), path)
+    if unpickled_by_torch(path, block[:64], size):
+        raise UnsafeInputError(POLYGLOT, path)
 
 
 def _metadata(header: dict[str, object], path: str) -> dict[str, str]:
