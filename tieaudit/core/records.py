@@ -322,7 +322,7 @@ class Checkpoint:
         """Every non-tensor entry the reader saw, kept or only counted."""
         return len(self.skipped) + self.skipped_more
 
-    @property
+    @cached_property
     def names(self) -> frozenset[str]:
-        """Every stored tensor name."""
+        """Every stored tensor name (built once: callers ask per name)."""
         return frozenset(self._by_name)

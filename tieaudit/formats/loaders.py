@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,6 +72,12 @@ class LoaderRule:
         """True when the loader restores either name from the other, directly or through a chain
         of accepted pairs (a restored name is one tensor with every name tied to it)."""
         return self._joined.same(first, second)
+
+    def accepts_any(self, names: Iterable[str]) -> bool:
+        """True when the loader restores some name of names from another (``accepts`` for some
+        pair): two of them share a component. Linear in the names, not pairwise."""
+        roots = [self._joined.root(name) for name in dict.fromkeys(names)]
+        return len(set(roots)) < len(roots)
 
     def consequence_for(self, dropped: str) -> str:
         """The consequence of re-tying dropped although the loader does not restore it."""

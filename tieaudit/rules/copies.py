@@ -107,11 +107,11 @@ def copy_findings(audited: Audited) -> Iterator[Finding]:
                 "initialisation, fixed tables), not a lost tie. retie leaves them; with --all-equal it "
                 "drops all but one, which from_pretrained would then initialise randomly."
             )
-        elif any(frozenset((a, b)) in declared for a in group.names for b in group.names):
+        elif any(pair <= frozenset(group.names) for pair in declared):  # a declared pair, both here
             note = " The config declares them tied, but they are stored as separate tensors."
         else:
             note = ""
-        restored = rule is None or any(rule.accepts(a, b) for a in group.names for b in group.names if a != b)
+        restored = rule is None or rule.accepts_any(group.names)
         locked = rule.flag_locked if rule is not None else ""
         fix = _fix(ckpt, {m.relation for m in group.members}, restored=restored, locked=locked)
         yield UNTIED_COPY.finding(
