@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.errors import InputError, UnsupportedFormatError
+from tieaudit.core.escape import quoted
 from tieaudit.core.records import PickleGlobal
 from tieaudit.formats.interface import Reader
 from tieaudit.formats.pickle_start import starts_like_pickle
@@ -116,16 +117,22 @@ def scan(path: str, head: bytes, size: int, *, until_code: bool = False) -> Bare
     return BarePickle(walk)
 
 
-def unpickled_by_torch(path: str, head: bytes, size: int) -> bool:
-    """torch.load takes the file (head: its first bytes, size: its size) for torch.save data, or
-    unpickles a pickle in it that names code (or that tieaudit cannot walk to its end) before it
-    fails: what a file of another format must not also be."""
+def unpickled_by_torch(path: str, head: bytes, size: int) -> str:
+    """What torch.load takes the file (head: its first bytes, size: its size) for: "torch.save data",
+    or "a pickle naming 'os.system'" when it unpickles one that names code before it fails (or "a
+    pickle tieaudit cannot walk to its end"); empty when neither: what a file of another format
+    must not also be."""
     from tieaudit.formats.torch_sniff import is_torch_content
 
     if is_torch_content(path, head):
-        return True
+        return "torch.save data"
     found = scan(path, head, size, until_code=True)
-    return found is not None and found.audited
+    if found is None or not found.audited:
+        return ""
+    code = [name for name, named in found.walk.named.items() if named.verdict == "runs-code"]
+    if not code:
+        return "a pickle tieaudit cannot walk to its end"
+    return f"a pickle naming {', '.join(map(quoted, code))}"
 
 
 def _unwalked(found: BarePickle, path: str) -> None:

@@ -195,8 +195,8 @@ def _read_raw(path: str) -> tuple[bytes, int]:
 
 POLYGLOT = (
     "is both a safetensors file and one torch.load unpickles (a polyglot): safetensors reads tensors "
-    "from it, torch.load (given another name, or the open file) unpickles it, as torch.save data or "
-    "as a pickle naming code; tieaudit will not vouch for one reading while a loader takes the other"
+    "from it, torch.load (given another name, or the open file) unpickles it as {what}; tieaudit will "
+    "not vouch for one reading while a loader takes the other"
 )
 """Why a safetensors file torch.load takes too is refused, whatever its name."""
 
@@ -219,8 +219,9 @@ def refuse_polyglot(path: str, size: int) -> None:
         return
     from tieaudit.formats.bare_pickle import unpickled_by_torch
 
-    if unpickled_by_torch(path, block[:64], size):
-        raise UnsafeInputError(POLYGLOT, path)
+    what = unpickled_by_torch(path, block[:64], size)
+    if what:
+        raise UnsafeInputError(POLYGLOT.format(what=what), path)
 
 
 def _metadata(header: dict[str, object], path: str) -> dict[str, str]:
