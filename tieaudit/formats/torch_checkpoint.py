@@ -90,6 +90,23 @@ def _items(value: Walked) -> list[tuple[str, object]] | Iterable[tuple[str, obje
     return ((str(index), item) for index, item in enumerate(value))
 
 
+def _raw_items(value: Walked) -> Iterable[tuple[object, object]]:
+    """(key, item) pairs of a walked value, the key as stored: made a name part (``_part``) only
+    when one is needed (an error names the path), not for each of a million leaves counted."""
+    if isinstance(value, dict):
+        return value.items()
+    if isinstance(value, Placeholder):
+        return value.parts()
+    return enumerate(value)
+
+
+def _part(value: Walked, key: object) -> str:
+    """The name part ``_items`` gives key of value."""
+    if isinstance(value, dict):
+        return key_name(key)
+    return key if isinstance(key, str) else str(key)
+
+
 def _attributes(value: object) -> dict[object, object] | None:
     """Attributes loading sets on value (a tensor's, an OrderedDict's), which torch.load returns
     with it: walked under value's name, so the tensors among them are never dropped."""
@@ -98,6 +115,10 @@ def _attributes(value: object) -> dict[object, object] | None:
 
 def _nonempty(value: Walked) -> bool:
     return bool(value) if not isinstance(value, Placeholder) else True
+
+
+_OWN_ATTRIBUTES = object()
+"""The key under which ``_count`` visits a container's own attributes."""
 
 
 def _count(root: object, path: str) -> int:
@@ -120,12 +141,13 @@ def _count(root: object, path: str) -> int:
         counts[id(value)] = -1
         total = 1
         extra = _attributes(value)
-        for key, item in _items(value) if extra is None else [*_items(value), ("", extra)]:
+        pairs = _raw_items(value)
+        for key, item in pairs if extra is None else [*pairs, (_OWN_ATTRIBUTES, extra)]:
             if isinstance(item, WALKED) and _nonempty(item):
                 try:
                     total += count(item, depth + 1)
                 except _Stop as stop:
-                    stop.keys.append(key)
+                    stop.keys.append("" if key is _OWN_ATTRIBUTES else _part(value, key))
                     raise
             else:
                 total += 1
