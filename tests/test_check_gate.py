@@ -16,6 +16,7 @@ from conftest import Corpus
 from safetensors.numpy import save_file
 
 from tieaudit.cli.main import cli, main
+from tieaudit.formats.hf.layouts import CONFIG_ONLY
 from tieaudit.gate.discover import discover, glob_matches
 from tieaudit.gate.executors import chunks
 from tieaudit.gate.progress import ProgressBar
@@ -229,9 +230,15 @@ def test_a_config_folder_without_weights_is_walked_or_reported(corpus: Corpus, t
     (export / "config.json").write_text("{}")
     shutil.copy(corpus.path("onnx_helper_shared"), export / "model.onnx")
     assert [t.path for t in discover([str(export)]).targets] == [str(export / "model.onnx")]
-    bare = tmp_path / "bare"  # config.json and nothing to audit: the folder's own audit says why
+    bare = tmp_path / "bare"  # a model's config.json and nothing to audit: the folder's audit says why
     bare.mkdir()
-    (bare / "config.json").write_text("{}")
-    assert [t.path for t in discover([str(tmp_path)]).targets] == [str(bare), str(export / "model.onnx")]
+    (bare / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"]}')
+    tool = tmp_path / "tool"  # a config.json naming no model (a module's, a tool's): skipped, saying why
+    tool.mkdir()
+    (tool / "config.json").write_text('{"pooling_mode_mean_tokens": true}')
+    found = discover([str(tmp_path)])
+    assert [t.path for t in found.targets] == [str(bare), str(export / "model.onnx")]
+    verdicts = {f.path: (f.verdict, f.reason) for f in found.files}
+    assert verdicts[str(tool / "config.json")] == ("skipped", CONFIG_ONLY)
     result = CliRunner().invoke(cli, ["check", str(bare)])
     assert result.exit_code == 2 and "no weights found" in result.output

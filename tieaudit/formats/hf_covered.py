@@ -11,7 +11,13 @@ import fnmatch
 import os
 
 from tieaudit.core.errors import InputError
-from tieaudit.formats.hf_dir import READ_BESIDE_WEIGHTS, SAFE_INDEX, TORCH_INDEX, find_weights
+from tieaudit.formats.hf_dir import (
+    DIFFUSERS_INDEX,
+    READ_BESIDE_WEIGHTS,
+    SAFE_INDEX,
+    TORCH_INDEX,
+    find_weights,
+)
 
 
 def covered_files(folder: str) -> frozenset[str]:
@@ -27,7 +33,7 @@ def covered_files(folder: str) -> frozenset[str]:
     try:
         weights = find_weights(folder)
     except InputError:
-        return frozenset(covered | {n for n in present if n in (SAFE_INDEX, TORCH_INDEX)})
+        return frozenset(covered | {n for n in present if n in (SAFE_INDEX, TORCH_INDEX, DIFFUSERS_INDEX)})
     covered.update(weights.files)
     if weights.index is not None:
         covered.add(weights.index)

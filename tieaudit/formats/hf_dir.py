@@ -35,7 +35,15 @@ SAFE_SINGLE = "model.safetensors"
 SAFE_INDEX = "model.safetensors.index.json"
 TORCH_SINGLE = "pytorch_model.bin"
 TORCH_INDEX = "pytorch_model.bin.index.json"
-LOOKED_FOR = f"{SAFE_SINGLE}, {SAFE_INDEX}, *.safetensors, {TORCH_SINGLE}, {TORCH_INDEX}"
+DIFFUSERS_SAFE = "diffusion_pytorch_model.safetensors"
+DIFFUSERS_INDEX = "diffusion_pytorch_model.safetensors.index.json"
+DIFFUSERS_TORCH = "diffusion_pytorch_model.bin"
+"""A diffusers component's weights (its library's names for them)."""
+TORCH_SINGLES = (TORCH_SINGLE, DIFFUSERS_TORCH)
+LOOKED_FOR = (
+    f"{SAFE_SINGLE}, {SAFE_INDEX}, {DIFFUSERS_SAFE}, *.safetensors, {TORCH_SINGLE}, {TORCH_INDEX}, "
+    f"{DIFFUSERS_TORCH}"
+)
 READ_BESIDE_WEIGHTS = (CONFIG, TOKENIZER, *TRAINER_FILES)
 """Files (fnmatch patterns) read beside the weights when present; a file the reader learns to read
 goes here too, so that discovery counts it as part of the folder (``hf_covered.covered_files``)."""
@@ -215,22 +223,30 @@ def torch_weights(files: tuple[str, ...]) -> bool:
 
 
 def find_weights(folder: str) -> WeightSet:
-    """The weight files to read, in transformers' order of preference."""
+    """The weight files to read, in transformers' order of preference (diffusers' names after
+    transformers' own). Loose ``*.safetensors`` are read together, except a variant
+    (``diffusion_pytorch_model.fp16.safetensors``) beside the file it is a variant of: a library
+    loads one or the other, never both, so the variant is audited on its own."""
 
     def exists(name: str) -> bool:
         return os.path.isfile(os.path.join(folder, name))
 
-    if exists(SAFE_SINGLE):
-        return WeightSet(files=(SAFE_SINGLE,))
-    if exists(SAFE_INDEX):
-        return read_index(folder, SAFE_INDEX)
+    for single, index in ((SAFE_SINGLE, SAFE_INDEX), (DIFFUSERS_SAFE, DIFFUSERS_INDEX)):
+        if exists(single):
+            return WeightSet(files=(single,))
+        if exists(index):
+            return read_index(folder, index)
     loose = sorted(os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(folder), "*.safetensors")))
+    plain = set(loose)
+    loose = [n for n in loose if n.split(".", 1)[0] + ".safetensors" not in plain or n.count(".") == 1]
     if loose:
         return WeightSet(files=tuple(loose))
     if exists(TORCH_SINGLE):
         return WeightSet(files=(TORCH_SINGLE,))
     if exists(TORCH_INDEX):
         return read_index(folder, TORCH_INDEX)
+    if exists(DIFFUSERS_TORCH):
+        return WeightSet(files=(DIFFUSERS_TORCH,))
     raise InputError(f"no weights found (looked for {LOOKED_FOR})", folder)
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 
 from tieaudit.core.bytestore import OpenCheckpoint
-from tieaudit.core.records import Checkpoint
+from tieaudit.core.records import Checkpoint, Skipped
+from tieaudit.formats.hf.layouts import folder_part
 from tieaudit.formats.hf_dir import (
     TOKENIZER,
     TORCH_SINGLE,
@@ -46,6 +47,10 @@ class HfDirReader(Reader):
             parts.append(FilePart(file=", ".join(trainer.files), **trainer.part_fields()))
         tokenizer_size, tokenizer_files, tokenizer_notes = read_tokenizer(folder)
         ties, notes = gather_declarations(folder, config, weights, parts=parts)
+        part = folder_part(folder)
+        if part is not None and not part.transformers_config and config is not None:
+            notes = [n for n in notes if not n.name.startswith(f"{CONFIG}:architectures")]
+            notes.append(Skipped(CONFIG, f"{part.describe()}: no transformers class, so no class ties"))
         index_files = [weights.index] if weights.index else []
         checkpoint = Checkpoint(
             path=path,

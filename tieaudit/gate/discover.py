@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from tieaudit.core.errors import InputError
 from tieaudit.core.globs import glob_matches, posix_relative
 from tieaudit.formats.bare_pickle import scan
+from tieaudit.formats.hf.layouts import config_only_reason, is_model_folder
 from tieaudit.formats.hf_cache import CacheSnapshot, cached_argument
 from tieaudit.formats.hf_covered import covered_files
-from tieaudit.formats.hf_dir import SAFE_INDEX, TORCH_INDEX, TORCH_SINGLE, hub_blobs
+from tieaudit.formats.hf_dir import hub_blobs
 from tieaudit.formats.hf_ties import CONFIG
 from tieaudit.formats.magic import GGUF_MAGIC, is_lfs_pointer, might_be_torch, read_head
 from tieaudit.formats.torch_sniff import is_legacy_stream, is_torch_tar, is_torch_zip
@@ -85,24 +86,6 @@ def _skipped_name(name: str) -> str:
     if name.endswith(BACKUP_SUFFIX):
         return RETIE_BACKUP
     return HIDDEN if name.startswith(".") else ""
-
-
-MODEL_MARKERS = (CONFIG, SAFE_INDEX, TORCH_INDEX)
-"""A folder holding one of these next to weights is one Hugging Face model (names as formats.hf_dir
-reads them)."""
-
-
-def is_model_folder(path: str) -> bool:
-    """A Hugging Face model folder: config.json or a shard index, next to weight files (a shard
-    index alone counts: its shards are what it lists)."""
-    try:
-        names = set(os.listdir(path))
-    except OSError:
-        return False
-    if not names.intersection(MODEL_MARKERS):
-        return False
-    weights = (n for n in names if n.endswith(".safetensors") or n == TORCH_SINGLE)
-    return any(weights) or bool(names.intersection(MODEL_MARKERS[1:]))
 
 
 def _inside(path: str, root: str) -> bool:
@@ -308,8 +291,21 @@ class _Walk:
         # one target: its audit says what is missing
         if folder.hidden:
             return
-        if self.found == folder.found_before and os.path.lexists(os.path.join(folder.path, CONFIG)):
+        if self.found != folder.found_before or not os.path.lexists(os.path.join(folder.path, CONFIG)):
+            return
+        why = config_only_reason(folder.path)  # a module's or a tool's config is no model
+        if why:
+            self._config_only(folder.path, why)
+        else:
             yield self._target(folder.path)
+
+    def _config_only(self, folder: str, why: str) -> None:
+        """The verdict of a folder's config.json that describes no model: skipped, saying why."""
+        config = os.path.normpath(os.path.join(folder, CONFIG))
+        for at in range(len(self.files) - 1, -1, -1):
+            if self.files[at].path == config:
+                self.files[at] = FileVerdict(path=config, verdict="skipped", reason=why)
+                return
 
     def targets(self) -> Iterator[Target]:
         """Model folders as one target each (their other files searched), other folders walked,

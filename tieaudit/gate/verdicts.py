@@ -29,9 +29,9 @@ def final_verdicts(
         key = _key(target.path)
         if isinstance(outcome, FileVerdict):
             verdicts[key] = outcome
-        elif isinstance(outcome, PathError):
-            if not os.path.isdir(target.path):
-                verdicts[key] = FileVerdict(path=target.path, verdict="error", reason=outcome.message)
+        elif isinstance(outcome, PathError):  # a model folder's error is listed too: counts agree
+            shown = target.path.rstrip(os.sep) + os.sep if os.path.isdir(target.path) else target.path
+            verdicts[key] = FileVerdict(path=shown, verdict="error", reason=outcome.message)
         else:
             if not os.path.isdir(target.path):
                 verdicts[key] = FileVerdict(path=target.path, verdict="audited", target=target.path)
