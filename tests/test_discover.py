@@ -39,9 +39,10 @@ from tieaudit.rules.policy import load_policy
 TIMEOUT = 120
 
 
-def write_model(path: Path, copy: bool = True) -> Path:
-    """A two-matrix safetensors file; with copy, the head is a byte copy of the embedding (TIE001)."""
-    rng = np.random.default_rng(0)
+def write_model(path: Path, copy: bool = True, seed: int = 0) -> Path:
+    """A two-matrix safetensors file; with copy, the head is a byte copy of the embedding (TIE001);
+    another seed, another model (one seed twice under one folder is one model twice: TIE012)."""
+    rng = np.random.default_rng(seed)
     embedding = rng.standard_normal((64, 32)).astype(np.float32)
     head = embedding.copy() if copy else rng.standard_normal((64, 32)).astype(np.float32)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -177,7 +178,7 @@ NOT_UTF8 = os.fsdecode(b"\xff\x1b[31mbad\n.safetensors")
 def test_names_that_are_not_utf8_are_audited_baselined_and_reported(tmp_path: Path) -> None:
     root = tmp_path / "models"
     write_model(root / NOT_UTF8)
-    write_model(root / "plain.safetensors", copy=False)
+    write_model(root / "plain.safetensors", copy=False, seed=1)
     args = ["check", "models", "--jobs", "1"]
     done = run_cli([*args, "--format", "json", "-o", "r.json", "--write-baseline", "b.json"], tmp_path)
     assert done.returncode == 0, done.stderr

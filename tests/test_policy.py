@@ -158,7 +158,8 @@ def test_wasted_bytes_cap_is_tie009_per_path(corpus: Corpus, tmp_path: Path) -> 
         "max-wasted-bytes = 100000\n"
     )
     out = tmp_path / "r.json"
-    code = main(["check", str(folder), "--policy", str(policy), "-f", "json", "-o", str(out), "-j", "1"])
+    args = [str(folder / "big"), str(folder / "small")]  # two repositories: no copies across them
+    code = main(["check", *args, "--policy", str(policy), "-f", "json", "-o", str(out), "-j", "1"])
     assert code == 1
     reports = {Path(r["path"]).parent.name: r for r in json.loads(out.read_text())["reports"]}
     (cap,) = [f for f in reports["big"]["findings"] if f["rule"] == "TIE009"]

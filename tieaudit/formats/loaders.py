@@ -33,6 +33,7 @@ from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.components import Components
 from tieaudit.core.errors import UsageError
 from tieaudit.core.records import Checkpoint, TensorInfo
+from tieaudit.formats.hf.layouts import Adapter, adapter_beside, base_ties
 from tieaudit.graph.compare import BLOCK_BYTES, BlockComparer, equal_bytes, iter_blocks
 
 NOT_A_TIE = "equal by construction is not a tie; --all-equal re-ties it"
@@ -62,6 +63,9 @@ class LoaderRule:
     """What the loader does with such a copy re-tied under --all-equal (``{name}``: the dropped name)."""
     flag_locked: str = ""
     """Why config.json's tie flag may not be set (the class's forward reads it); empty when it may."""
+    ties_on_load: frozenset[frozenset[str]] = frozenset()
+    """Pairs stored twice that the loader ties when loading (a PEFT adapter made with
+    ensure_weight_tying): a copy there is the format's, not a lost tie."""
 
     @functools.cached_property
     def _joined(self) -> Components:
@@ -84,11 +88,35 @@ class LoaderRule:
         return self.consequence.format(name=dropped)
 
 
+def peft_adapter(ckpt: Checkpoint, adapter: Adapter) -> LoaderRule:
+    """An adapter's loader (PEFT's ``set_peft_model_state_dict``) restores no name from another; made
+    with ensure_weight_tying, it ties the saved copies of the base model's tied modules on load
+    (it stores both: safetensors cannot alias)."""
+    tied: set[frozenset[str]] = set()
+    if adapter.ensure_weight_tying:
+        for target, source in base_ties(adapter)[0].items():
+            first = [t.name for t in ckpt.tensors if t.name.endswith("." + target)]
+            second = [t.name for t in ckpt.tensors if t.name.endswith("." + source)]
+            tied.update(frozenset((a, b)) for a in first for b in second)
+    return LoaderRule(
+        accepted=frozenset(),
+        class_pairs=(),
+        declared=(),
+        why_left="a PEFT adapter: PEFT loads every module it saved as its own, whatever the file records",
+        consequence="PEFT will load {name} from the base model instead of the adapter: it is not stored",
+        flag_locked="a PEFT adapter ties what it saves only if made with ensure_weight_tying=True (TIE013)",
+        ties_on_load=frozenset(tied),
+    )
+
+
 def loader_rule(ckpt: Checkpoint) -> LoaderRule | None:
     """The rule for a safetensors file or a model folder; None for .pt and ONNX (no rule needed)."""
     if ckpt.format not in ("safetensors", "hf-dir"):
         return None
     config = None
+    adapter = adapter_beside(ckpt.path) if ckpt.format == "safetensors" else None
+    if adapter is not None:
+        return peft_adapter(ckpt, adapter)
     if ckpt.format == "hf-dir":
         from tieaudit.formats.hf_dir import read_config
 

@@ -11,6 +11,7 @@ from tieaudit.audit import Audit
 from tieaudit.core.errors import UsageError
 from tieaudit.core.exit_codes import ExitCode
 from tieaudit.formats.hf_cache import CacheSnapshot
+from tieaudit.gate.across import cross_file_copies
 from tieaudit.gate.baseline import Baseline, fingerprint
 from tieaudit.gate.discover import Discovery, PathError, discover
 from tieaudit.gate.executors import CONNECT_TIMEOUT_S, open_executor
@@ -167,6 +168,10 @@ def run_check(
         policies = [policy.for_path(t.path) for t in found.targets]
         work = [(t.path, p) for t, p in zip(found.targets, policies, strict=True)]
         outcomes = audit_all(work, runner, progress)
+    roots = [os.path.abspath(s.folder) for _, s in found.from_cache]
+    roots += [os.path.abspath(a) for a in arguments if os.path.isdir(a)]
+    paths = [t.path for t in found.targets]
+    outcomes, across_warnings = cross_file_copies(paths, outcomes, policies, roots=roots)
     audited = {
         os.path.abspath(t.path) for t, o in zip(found.targets, outcomes, strict=True) if isinstance(o, Audit)
     }
@@ -212,7 +217,7 @@ def run_check(
         files=final_verdicts(found.files, found.targets, resolved),
         skipped_pointers=tuple(pointers),
         from_cache=found.from_cache,
-        warnings=ignored + _warnings(found, policy, arguments, exclude=exclude),
+        warnings=ignored + tuple(across_warnings) + _warnings(found, policy, arguments, exclude=exclude),
     )
 
 

@@ -149,13 +149,19 @@ def _tiles_equal(left: np.ndarray, right: np.ndarray, first: int, *, stop: int) 
 
 
 def equal_bytes(
-    opened: OpenCheckpoint, first: TensorInfo, second: TensorInfo, *, comparer: BlockComparer
+    opened: OpenCheckpoint,
+    first: TensorInfo,
+    second: TensorInfo,
+    *,
+    comparer: BlockComparer,
+    other: OpenCheckpoint | None = None,
 ) -> bool:
-    """Same shape, same dtype, same bytes."""
+    """Same shape, same dtype, same bytes; other: the checkpoint second is in, when not opened's."""
     if first.shape != second.shape or first.dtype != second.dtype:
         return False
     rows = _rows_per_block(first)
-    pairs = zip(iter_blocks(opened, first, rows), iter_blocks(opened, second, rows), strict=True)
+    blocks = iter_blocks(other or opened, second, rows)
+    pairs = zip(iter_blocks(opened, first, rows), blocks, strict=True)
     return all(comparer.same(a, b) for (_, a), (_, b) in pairs)
 
 

@@ -62,6 +62,12 @@ def _fix(ckpt: Checkpoint, relations: set[str], *, restored: bool, locked: str) 
     return advice(tieaudit_command("retie", ckpt.path, out, options=(*options, *all_equal)))
 
 
+ON_LOAD = "the adapter's format stores both, and PEFT ties them when it loads it (ensure_weight_tying)."
+"""A copy a PEFT adapter made with ensure_weight_tying stores on purpose (``LoaderRule.ties_on_load``)."""
+
+NOT_A_TIE_YET = "values that are equal are not a tie; each copy trains and loads as its own parameter."
+"""What an equal copy is, in every TIE001 message but a PEFT adapter's stored-on-purpose pair."""
+
 _WHAT = {"equal": "the same bytes as", "transposed": "the transpose of", "cast": "a lower-precision cast of"}
 
 
@@ -111,14 +117,17 @@ def copy_findings(audited: Audited) -> Iterator[Finding]:
             note = " The config declares them tied, but they are stored as separate tensors."
         else:
             note = ""
+        on_load = rule is not None and any(pair <= frozenset(group.names) for pair in rule.ties_on_load)
         restored = rule is None or rule.accepts_any(group.names)
         locked = rule.flag_locked if rule is not None else ""
-        fix = _fix(ckpt, {m.relation for m in group.members}, restored=restored, locked=locked)
+        relations = {m.relation for m in group.members}
+        fix = None if on_load else _fix(ckpt, relations, restored=restored, locked=locked)
+        what = ON_LOAD if on_load else NOT_A_TIE_YET
         yield UNTIED_COPY.finding(
             group.names,
             f"{'; '.join(parts)} in separate storage ({human_bytes(group.wasted_bytes)} wasted): "
-            f"values that are equal are not a tie; each copy trains and loads as its own parameter." + note,
-            severity="note" if by_construction else "warning",
+            f"{what}{note}",
+            severity="note" if by_construction or on_load else "warning",
             relation=relation,
             wasted_bytes=group.wasted_bytes,
             fix=fix,

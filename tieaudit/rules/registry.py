@@ -14,6 +14,8 @@ from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.graph.alias import AliasGraph
 from tieaudit.graph.declared_copies import declared_copy_groups
 from tieaudit.graph.detect import find_copies, lookup_tables
+from tieaudit.rules.across import CROSS_FILE
+from tieaudit.rules.adapter import ADAPTER_UNTIES
 from tieaudit.rules.copies import UNTIED_COPY
 from tieaudit.rules.declared import BROKEN, ORPHAN
 from tieaudit.rules.expected import EXPECTED_MISSING
@@ -43,6 +45,8 @@ RULES: dict[str, Rule] = {
             WASTED_BYTES_CAP,
             RUNS_CODE,
             UNKNOWN_GLOBAL,
+            CROSS_FILE,
+            ADAPTER_UNTIES,
         ),
         key=lambda rule: rule.id,
     )

