@@ -198,6 +198,31 @@ def _decoder(path: Path, weights: dict[str, np.ndarray], *, past: bool) -> None:
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
 
 
+def _merged(path: Path, weights: dict[str, np.ndarray]) -> None:
+    """optimum's merged decoder: one set of initializers, used by both branches of an If (with and
+    without past) from the outer graph: stored once, shared, no copy."""
+
+    def branch(name: str) -> onnx.GraphProto:
+        nodes, last = [], "x"
+        for at, weight in enumerate(weights):
+            nodes.append(helper.make_node("MatMul", [last, weight], [f"{name}{at}"]))
+            last = f"{name}{at}"
+        output = helper.make_tensor_value_info(last, TensorProto.FLOAT, [1, 32])
+        return helper.make_graph(nodes, name, [], [output])
+
+    inputs = [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32]),
+        helper.make_tensor_value_info("use_cache_branch", TensorProto.BOOL, [1]),
+    ]
+    node = helper.make_node(
+        "If", ["use_cache_branch"], ["y"], then_branch=branch("past"), else_branch=branch("first")
+    )
+    output = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])
+    initializers = [numpy_helper.from_array(array, name) for name, array in weights.items()]
+    graph = helper.make_graph([node], "merged", inputs, [output], initializers)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
 def test_an_optimum_export_reports_the_decoders_weights_stored_twice(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -216,10 +241,13 @@ def test_an_optimum_export_reports_the_decoders_weights_stored_twice(
         {f"onnx::MatMul_{40 + i}": w for i, w in enumerate(weights)},
         past=True,
     )
+    _merged(export / "decoder_model_merged.onnx", {f"model.w{i}": w for i, w in enumerate(weights)})
     code, document = report(export, tmp_path, capsys)
     assert code == 0 and document["errors"] == []
     by_name = {Path(r["path"]).name: r for r in document["reports"]}
     assert by_name["decoder_model.onnx"]["findings"] == []
+    (merged,) = by_name["decoder_model_merged.onnx"]["findings"]  # no copy inside: the branches share
+    assert merged["rule"] == "TIE012" and merged["details"]["copy_of"].endswith("decoder_model.onnx")
     (across,) = by_name["decoder_with_past_model.onnx"]["findings"]
     assert across["rule"] == "TIE012" and sorted(across["names"]) == [
         f"onnx::MatMul_{40 + i}" for i in range(3)
