@@ -53,9 +53,11 @@ class StorageUse:
         return {name for name in chosen if all(n in chosen for n in self.viewers[self.storage_of[name]])}
 
     def shares_with_others(self, name: str, group: frozenset[str]) -> bool:
-        """name's storage is also viewed by a name outside group: it is written whatever the group
-        becomes (the name a re-tie keeps best lives there)."""
-        return any(other not in group for other in self.viewers[self.storage_of[name]])
+        """name's storage is also viewed by another tensor outside group (not merely another name of
+        name's own view): it is written whatever the group becomes, so the name a re-tie keeps is
+        best one there."""
+        own = self._same_view.get(name, ())
+        return any(other not in group and other not in own for other in self.viewers[self.storage_of[name]])
 
     def aliases(self, name: str) -> list[str]:
         """The other names viewing name's bytes exactly as name does: one tensor under several names
