@@ -264,9 +264,9 @@ def make_plan(
         for group in groups
         for member in group.members
     ]
-    decisions += _companions(opened, rule, decisions)
     use = StorageUse(ckpt)
-    decisions = _saving(decisions, use)
+    decisions = _saving(decisions, use)  # before the companions: they follow the pairs re-tied
+    decisions = _saving(decisions + _companions(opened, rule, decisions), use)
     equal = [(d.kept, d.dropped) for d in decisions if d.applied and d.relation == "equal"]
     edits = optimizer_edits(opened, equal, keep=keep)
     renamed = renamed_states(ckpt.training, edits) if ckpt.training and edits else {}
