@@ -224,9 +224,10 @@ def test_corpus_verdicts_are_torch_s(run: Run) -> None:
     assert tally.matrix["clean", "loads"] >= 20 and tally.matrix["TIE010", "refuses"] >= 25, tally.table()
     outcome = run.answers["corpus"]["generated/training/checkpoint-2/training_args.bin"]
     assert (outcome[0].outcome, outcome[1].status) == ("TIE010", "refuses")
-    # torch's unpickler hashes a 100000-deep tuple key recursively and dies: seen, and not clean
+    # torch's unpickler hashes a 100000-deep tuple key recursively and dies (on a loaded machine it is
+    # killed at the time limit first: the same answer, it loads nothing): seen, and not clean
     crashed = run.answers["corpus"]["hostile/pt_zip_deep_tuple_key_deflated.pt"]
-    assert (crashed[0].outcome, crashed[1].status) == ("refused", "crash"), crashed
+    assert crashed[0].outcome == "refused" and crashed[1].status in ("crash", "hang"), crashed
 
 
 def test_every_seed_written_back_keeps_its_verdict(run: Run) -> None:

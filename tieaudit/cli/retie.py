@@ -105,7 +105,9 @@ def retie(
     - Hugging Face folders: shards and index rewritten; config.json tie_word_embeddings
       set true when the word-embedding pair is re-tied.
     - .pt: dropped names reference the kept tensor (a transposed copy becomes its .t()
-      view), so torch.load returns one storage; everything else is preserved.
+      view), so torch.load returns one storage; everything else is preserved
+      (non-tensor entries in their order, dtypes, strides, each storage's recorded
+      location: cuda:0 stays cuda:0, though no GPU is needed).
     - ONNX: consumers re-pointed to the kept initializer; a transposed copy becomes a
       Transpose node (MatMul->Gemm would need 2-D inputs). The file stores the matrix
       once; ONNX Runtime's constant folding may materialise the transpose again at

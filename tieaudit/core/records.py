@@ -46,6 +46,9 @@ class StorageInfo:
     """Size of the storage in bytes."""
     dtype: str
     """Canonical dtype of the storage elements."""
+    location: str = ""
+    """Where a torch file records the storage was saved from (``cpu``, ``cuda:0``), which
+    ``torch.load`` restores it to; "" for formats that record none."""
 
 
 @dataclass(frozen=True, kw_only=True)

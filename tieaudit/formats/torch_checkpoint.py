@@ -307,9 +307,7 @@ def _storage_infos(
     storages: dict[str, StorageRef], tensors: list[TensorInfo], locate: LocateStorage, *, file: str
 ) -> dict[str, StorageInfo]:
     # An untyped storage (float8, uint16, ...) takes the dtype of the first tensor viewing it.
-    viewed_as: dict[str, str] = {}
-    for tensor in tensors:
-        viewed_as.setdefault(tensor.storage_id, tensor.dtype)
+    viewed_as = {tensor.storage_id: tensor.dtype for tensor in reversed(tensors)}  # the first one wins
     return {
         key: StorageInfo(
             storage_id=key,
@@ -317,6 +315,7 @@ def _storage_infos(
             file_offset=locate(ref),
             nbytes=ref.nbytes,
             dtype=ref.dtype if ref.typed else viewed_as.get(key, "uint8"),
+            location=ref.location,
         )
         for key, ref in storages.items()
     }

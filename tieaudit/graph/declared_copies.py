@@ -14,14 +14,14 @@ from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.components import Components
 from tieaudit.graph.alias import AliasGraph
 from tieaudit.graph.compare import BlockComparer, equal_bytes
-from tieaudit.graph.detect import CopyGroup, CopyMember
+from tieaudit.graph.detect import CopyGroup, CopyMember, settle
 
 
 def declared_copy_groups(
     graph: AliasGraph, opened: OpenCheckpoint, covered: frozenset[str]
 ) -> list[CopyGroup]:
     """Equal-byte declared pairs stored in separate storage, none of whose names is covered (already
-    in a group the search found), merged into connected groups."""
+    in a group the search found), merged into connected groups, settled by storage (``settle``)."""
     ckpt = graph.checkpoint
     comparer = BlockComparer()
     joined = Components()
@@ -52,6 +52,7 @@ def declared_copy_groups(
                     for n in ordered
                     if n != kept
                 ),
+                0,
             )
         )
-    return sorted(groups, key=lambda g: g.names)
+    return settle(ckpt, sorted(groups, key=lambda g: g.names))

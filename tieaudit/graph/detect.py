@@ -8,8 +8,9 @@ Constant tensors and tensors under the size threshold are never candidates.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -28,6 +29,7 @@ from tieaudit.graph.compare import (
     sample,
     transposed_bytes,
 )
+from tieaudit.graph.storage_use import StorageUse
 
 CopyRelation = Literal["equal", "transposed", "cast"]
 ALL_RELATIONS: frozenset[str] = frozenset({"equal", "transposed", "cast"})
@@ -49,7 +51,10 @@ class CopyMember:
     transposed: bool
     """The values are the kept tensor's transpose (also set for a transposed cast)."""
     nbytes: int
-    """Bytes the duplicate occupies."""
+    """Bytes the duplicate's elements occupy (what a repair saves is its storage's: ``settle``)."""
+    stays: bool = False
+    """Its storage also holds names that stay (a slice of a flat buffer beside other parameters):
+    the storage is written whole whatever happens to this name, so re-tying it saves nothing."""
 
 
 @dataclass(frozen=True)
@@ -59,17 +64,14 @@ class CopyGroup:
     kept: str
     """The name whose bytes a repair keeps (widest dtype, then the input-embedding side)."""
     members: tuple[CopyMember, ...]
-    """Every other name of the group, with its relation to kept."""
+    """Every other name of the group, with its relation to kept; none views kept's storage."""
+    wasted_bytes: int
+    """Bytes a repair of the group saves: the storages none of whose names stays (``settle``)."""
 
     @property
     def names(self) -> tuple[str, ...]:
         """kept first, then the duplicates."""
         return (self.kept, *(m.name for m in self.members))
-
-    @property
-    def wasted_bytes(self) -> int:
-        """Bytes a repair saves."""
-        return sum(m.nbytes for m in self.members)
 
 
 EMBEDDING_HINTS = (
@@ -84,13 +86,27 @@ EMBEDDING_HINTS = (
 
 
 def keep_rank(
-    tensor: TensorInfo, order: int, lookup_names: frozenset[str], *, sources: frozenset[str] = frozenset()
-) -> tuple[int, int, int, int]:
+    tensor: TensorInfo,
+    order: int,
+    lookup_names: frozenset[str],
+    *,
+    sources: frozenset[str] = frozenset(),
+    pinned: frozenset[str] = frozenset(),
+) -> tuple[int, int, int, int, int]:
     """Sort key for the tensor a repair keeps: widest dtype (a cast cannot be undone), then the
     source of a declared tie (the name the model class loads: ``shared``, ``embed_in``, ``wte``),
-    then a lookup table (ONNX Gather input, or an embedding-like name), then stored order."""
+    then a name in a storage that is written anyway (pinned: other tensors view it too, so keeping
+    it there and dropping a copy with a storage of its own is what saves bytes), then a lookup
+    table (ONNX Gather input, or an embedding-like name), then stored order."""
     embedding_like = tensor.name in lookup_names or any(h in tensor.name for h in EMBEDDING_HINTS)
-    return (-itemsize(tensor.dtype), 0 if tensor.name in sources else 1, 0 if embedding_like else 1, order)
+    source = 0 if tensor.name in sources else 1
+    return (
+        -itemsize(tensor.dtype),
+        source,
+        0 if tensor.name in pinned else 1,
+        0 if embedding_like else 1,
+        order,
+    )
 
 
 def lookup_tables(ckpt: Checkpoint) -> frozenset[str]:
@@ -245,11 +261,17 @@ class _Search:
         by_root: dict[str, list[TensorInfo]] = defaultdict(list)
         for name, tensor in tensors.items():
             by_root[self.find(name)].append(tensor)
+        use = StorageUse(self.opened.checkpoint)
         result = []
         for members in by_root.values():
-            kept = min(members, key=lambda t: keep_rank(t, order[t.name], lookup_names, sources=sources))
-            result.append(CopyGroup(kept.name, tuple(_relate_to(kept, adjacency, order))))
-        return sorted(result, key=lambda g: order[g.kept])
+            names = frozenset(t.name for t in members)
+            pinned = frozenset(n for n in names if use.shares_with_others(n, names))
+            kept = min(
+                members,
+                key=lambda t: keep_rank(t, order[t.name], lookup_names, sources=sources, pinned=pinned),
+            )
+            result.append(CopyGroup(kept.name, tuple(_relate_to(kept, adjacency, order)), 0))
+        return settle(self.opened.checkpoint, sorted(result, key=lambda g: order[g.kept]))
 
 
 def _relate_to(
@@ -276,6 +298,46 @@ def _relate_to(
     return sorted(members, key=lambda m: order[m.name])
 
 
+def settle(checkpoint: Checkpoint, groups: Sequence[CopyGroup]) -> list[CopyGroup]:
+    """The groups as a rewrite meets them, storage by storage (``graph.storage_use``).
+
+    A member viewing kept's storage is a view of the same buffer, not a copy: it leaves the group
+    (a group left with no member is none). A member's aliases (other names of its very view) join
+    it, since dropping one name of a view frees nothing. A member whose storage also holds a name
+    that stays ``stays``: re-tying it saves nothing. ``wasted_bytes`` counts each storage every
+    name of which is a droppable member once, under the group of its first name. Settling settled
+    groups changes nothing, so callers that combine or re-key groups settle them again.
+    """
+    use = StorageUse(checkpoint)
+    order = {t.name: i for i, t in enumerate(checkpoint.tensors)}
+    grouped = {name for group in groups for name in group.names}
+    trimmed: list[tuple[str, list[CopyMember]]] = []
+    for group in groups:
+        home = use.storage_of[group.kept]
+        members: list[CopyMember] = []
+        for member in group.members:
+            if use.storage_of[member.name] == home:
+                continue
+            members.append(member)
+            for alias in use.aliases(member.name):
+                if alias not in grouped:
+                    grouped.add(alias)
+                    members.append(dataclasses.replace(member, name=alias))
+        trimmed.append((group.kept, sorted(members, key=lambda m: order[m.name])))
+    droppable = use.droppable(m.name for _, members in trimmed for m in members)
+    owner = {m.name: index for index, (_, members) in enumerate(trimmed) for m in members}
+    wasted = [0] * len(trimmed)
+    for key in use.freed(droppable):
+        wasted[owner[use.viewers[key][0]]] += use.nbytes[key]
+    return [
+        CopyGroup(
+            kept, tuple(dataclasses.replace(m, stays=m.name not in droppable) for m in members), wasted[i]
+        )
+        for i, (kept, members) in enumerate(trimmed)
+        if members
+    ]
+
+
 def find_copies(
     opened: OpenCheckpoint,
     relations: Iterable[str] = ALL_RELATIONS,
@@ -284,7 +346,8 @@ def find_copies(
     lookup_names: frozenset[str] = frozenset(),
     sources: frozenset[str] = frozenset(),
 ) -> list[CopyGroup]:
-    """Every group of verified copies among the checkpoint's tensors.
+    """Every group of verified copies among the checkpoint's tensors, settled by storage (``settle``:
+    views of one storage are no copies, and wasted bytes are the storages a rewrite drops).
 
     lookup_names: tensors used as lookup tables (ONNX Gather inputs), preferred as kept;
     sources: sources of declared ties, preferred before them (see ``keep_rank``).

@@ -24,6 +24,7 @@ from tieaudit.core.errors import UnsupportedFormatError
 from tieaudit.core.records import Checkpoint
 from tieaudit.formats.hf_dir import WeightSet, confined_path, load_json
 from tieaudit.repair.plan import RetiePlan
+from tieaudit.repair.torch_locations import StorageLocations
 from tieaudit.repair.torch_sink import save
 from tieaudit.repair.torch_writer import load_weights, refuse_placeholders, retied, torch_module
 
@@ -48,7 +49,8 @@ def write_bin_weights(
     refuse_placeholders(ckpt, weights.files)
     torch = torch_module(ckpt.path)
     holder = {t.name: t.file for t in ckpt.tensors}
-    roots = {file: load_weights(confined_path(ckpt.path, file)) for file in weights.files}
+    locations = StorageLocations()  # each storage recorded where the input recorded it
+    roots = {file: load_weights(confined_path(ckpt.path, file), locations) for file in weights.files}
     moved: dict[str, str] = {}
     for decision in plan.applied:
         source, target = holder[decision.dropped], holder[decision.kept]
@@ -66,7 +68,8 @@ def write_bin_weights(
         )
         target = os.path.join(out, file)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        save(torch, root, target, inputs=[confined_path(ckpt.path, f) for f in weights.files])
+        inputs = [confined_path(ckpt.path, f) for f in weights.files]
+        save(torch, root, target, inputs=inputs, locations=locations)
         written.append(target)
     return written, moved
 

@@ -11,6 +11,7 @@ every equal copy and the plan says what the loader will do with each one.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -31,7 +32,9 @@ from tieaudit.graph.detect import (
     copy_relation,
     find_copies,
     lookup_tables,
+    settle,
 )
+from tieaudit.graph.storage_use import StorageUse
 from tieaudit.repair.optimizer_plan import OptimizerEdit, optimizer_edits, renamed_states
 
 
@@ -48,7 +51,8 @@ class Decision:
     transposed: bool
     """dropped holds kept's transpose (also for a transposed cast)."""
     nbytes: int
-    """Bytes saved."""
+    """Bytes of the copy's elements (what the output saves is counted by storage:
+    ``RetiePlan.saved_bytes``)."""
     applied: bool
     """False when the copy is left as it is."""
     reason: str = ""
@@ -71,6 +75,10 @@ class RetiePlan:
     """The relations applied."""
     decisions: tuple[Decision, ...]
     """One per copy found, applied or left."""
+    saved_bytes: int
+    """Bytes the output saves: the storages no name views any more once the applied copies (and the
+    optimizer states discarded with them) are dropped. A storage some kept name still views is
+    written whole, so this is not the sum of the copies' sizes (``graph.storage_use``)."""
     all_equal: bool = False
     """--all-equal: every equal copy re-tied, also those the format's loader does not restore."""
     optimizer_edits: tuple[OptimizerEdit, ...] = ()
@@ -82,11 +90,6 @@ class RetiePlan:
     def applied(self) -> tuple[Decision, ...]:
         """The decisions carried out."""
         return tuple(d for d in self.decisions if d.applied)
-
-    @property
-    def saved_bytes(self) -> int:
-        """Bytes the output saves."""
-        return sum(d.nbytes for d in self.applied)
 
     @property
     def rewritten(self) -> tuple[str, ...]:
@@ -127,7 +130,7 @@ def _rekeep(group: CopyGroup, keep: str, ckpt: Checkpoint) -> CopyGroup:
         members.append(
             CopyMember(name=member.name, relation=relation, transposed=transposed, nbytes=member.nbytes)
         )
-    return CopyGroup(keep, tuple(members))
+    return CopyGroup(keep, tuple(members), 0)  # settled by make_plan
 
 
 def _representable(ckpt: Checkpoint) -> tuple[frozenset[str], str]:
@@ -165,7 +168,7 @@ def _decide(
     group: CopyGroup, member: CopyMember, *, ckpt: Checkpoint, rule: LoaderRule | None, options: _Options
 ) -> Decision:
     """One copy: applied, left with a reason, or applied under --all-equal with its consequence."""
-    reason = _reason(member, ckpt, options)
+    reason = STAYS if member.stays else _reason(member, ckpt, options)
     consequence = ""
     if (
         not reason
@@ -187,6 +190,22 @@ def _decide(
         reason=reason,
         consequence=consequence,
     )
+
+
+STAYS = "its storage also holds tensors that stay, and a storage is written whole: re-tying it saves nothing"
+"""Why a copy inside a storage other names keep is left (``CopyMember.stays``)."""
+
+
+def _saving(decisions: list[Decision], use: StorageUse) -> list[Decision]:
+    """The decisions with every applied copy that frees no storage left (``STAYS``): its storage is
+    also viewed by a name the plan keeps (a copy left for another reason, a name of no copy)."""
+    droppable = use.droppable(d.dropped for d in decisions if d.applied)
+    return [
+        dataclasses.replace(d, applied=False, reason=STAYS, consequence="")
+        if d.applied and d.dropped not in droppable
+        else d
+        for d in decisions
+    ]
 
 
 def _companions(opened: OpenCheckpoint, rule: LoaderRule | None, decisions: list[Decision]) -> list[Decision]:
@@ -238,21 +257,27 @@ def make_plan(
         if not any(keep in g.names for g in groups):
             raise UsageError(f"--keep {keep}: no copy group holds that name")
         groups = [_rekeep(g, keep, ckpt) if keep in g.names else g for g in groups]
+    groups = settle(ckpt, groups)  # both searches' groups together, and kept names --keep moved
     options = _Options(frozenset(chosen), relations is not None, all_equal)
     decisions = [
         _decide(group, member, ckpt=ckpt, rule=rule, options=options)
         for group in groups
         for member in group.members
     ]
-    decisions += _companions(opened, rule, decisions)
+    use = StorageUse(ckpt)
+    decisions = _saving(decisions, use)  # before the companions: they follow the pairs re-tied
+    decisions = _saving(decisions + _companions(opened, rule, decisions), use)
     equal = [(d.kept, d.dropped) for d in decisions if d.applied and d.relation == "equal"]
     edits = optimizer_edits(opened, equal, keep=keep)
+    renamed = renamed_states(ckpt.training, edits) if ckpt.training and edits else {}
+    discarded = [name for name, new in renamed.items() if new is None]
     return RetiePlan(
         path=ckpt.path,
         format=ckpt.format,
         relations=frozenset(chosen),
         decisions=tuple(decisions),
+        saved_bytes=use.saved([*(d.dropped for d in decisions if d.applied), *discarded]),
         all_equal=all_equal,
         optimizer_edits=edits,
-        renamed=renamed_states(ckpt.training, edits) if ckpt.training and edits else {},
+        renamed=renamed,
     )

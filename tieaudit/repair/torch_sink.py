@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tieaudit.repair.st_stream import pwrite_all, start_writeback
+from tieaudit.repair.torch_locations import StorageLocations, recorded
 
 CHUNK_BYTES = 16 << 20
 """Bytes written (and input pages released) per step: a bound on what one write holds resident."""
@@ -127,11 +128,14 @@ def _address(view: memoryview) -> int | None:
     return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
 
 
-def save(torch: Any, root: Any, out: str, *, inputs: Iterable[str]) -> None:
-    """torch.save(root) to a new file out (it must not exist), releasing pages of the mapped inputs."""
+def save(
+    torch: Any, root: Any, out: str, *, inputs: Iterable[str], locations: StorageLocations | None = None
+) -> None:
+    """torch.save(root) to a new file out (it must not exist), releasing pages of the mapped inputs;
+    each storage locations noted is recorded where the input recorded it (``torch_locations``)."""
     fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        with ReleasingFile(fd, file_mappings(inputs)) as handle:
+        with ReleasingFile(fd, file_mappings(inputs)) as handle, recorded(torch, locations):
             torch.save(root, handle)
     finally:
         os.close(fd)

@@ -5,7 +5,9 @@ is memory-mapped, a legacy (pre-1.6) file cannot be and is read into memory. Eac
 replaced in its container by the kept tensor itself (equal) or by ``kept.t()`` (transposed), so
 ``torch.save`` writes the kept storage once and ``torch.load`` gives one storage back. A training
 checkpoint's optimizer state follows the re-tied equal copies (``repair.optimizer_plan``);
-everything else (epoch, nested containers, non-tensor leaves) is saved as loaded. The output is
+everything else (epoch, nested containers, non-tensor leaves, dtypes, strides, storage offsets) is
+saved as loaded, and each storage is recorded at the location the input recorded for it (``cuda:0``
+stays ``cuda:0``, though it was loaded onto the CPU: ``repair.torch_locations``). The output is
 always torch.save's zip format, also when the input was a legacy file.
 """
 
@@ -25,6 +27,7 @@ from tieaudit.formats.torch_file import key_name as key_name  # the reader's nam
 from tieaudit.repair.interface import Writer
 from tieaudit.repair.optimizer_plan import apply_edits
 from tieaudit.repair.plan import Decision, RetiePlan
+from tieaudit.repair.torch_locations import StorageLocations
 from tieaudit.repair.torch_sink import save
 
 VisitLeaf = Callable[[str, Any], Any]
@@ -42,14 +45,17 @@ def torch_module(path: str) -> Any:
     return torch
 
 
-def load_weights(path: str) -> Any:
-    """torch.load with weights_only, memory-mapped when the file is a zip archive."""
+def load_weights(path: str, locations: StorageLocations | None = None) -> Any:
+    """torch.load with weights_only, memory-mapped when the file is a zip archive, every storage on
+    the CPU; locations, when given, notes the location the file records for each storage (for
+    ``torch_sink.save`` to record it again)."""
     torch = torch_module(path)
 
     with open(path, "rb") as handle:
         zipped = handle.read(len(ZIP_MAGIC)) == ZIP_MAGIC
+    where: Any = "cpu" if locations is None else locations.restore
     try:
-        return torch.load(path, weights_only=True, mmap=zipped, map_location="cpu")
+        return torch.load(path, weights_only=True, mmap=zipped, map_location=where)
     except (pickle.UnpicklingError, RuntimeError, ValueError, EOFError) as exc:
         raise InputError(
             f"torch.load(weights_only=True) cannot load it ({one_line(exc, 200)})", path
@@ -209,7 +215,8 @@ class TorchWriter(Writer):
         refuse_placeholders(ckpt, ckpt.files)
         torch = torch_module(ckpt.path)
 
-        root = retied(torch, load_weights(ckpt.path), plan, path=ckpt.path)
+        locations = StorageLocations()  # each storage recorded where the input recorded it
+        root = retied(torch, load_weights(ckpt.path, locations), plan, path=ckpt.path)
         apply_edits(root, plan.optimizer_edits)
-        save(torch, root, out, inputs=[ckpt.path])  # input pages released as they are written
+        save(torch, root, out, inputs=[ckpt.path], locations=locations)  # input pages released as written
         return [out]

@@ -4,6 +4,7 @@ Read back twice: by tieaudit's own readers, then by the format's reference loade
 (repair.reference), which reads the input too, so that a reader disagreeing with safetensors, onnx
 or torch cannot vouch for bytes those libraries would read differently, and no entry the loader
 returns from the input (a tensor kind tieaudit only lists, a non-tensor value) is lost unnoticed.
+A torch output must also record each storage at the location (``cuda:0``) the input recorded.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ import numpy as np
 
 from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.errors import TieauditError
+from tieaudit.core.escape import quoted
 from tieaudit.core.interrupts import worker_pool
-from tieaudit.core.records import TensorInfo
+from tieaudit.core.records import Checkpoint, TensorInfo
 from tieaudit.formats import open_checkpoint
 from tieaudit.graph.compare import BlockComparer
 from tieaudit.repair.reference import ReferenceCheck, block_releaser, loader_name, reference_check
@@ -127,6 +129,9 @@ def verify_output(
             for problem in problems:
                 if problem is not None:
                     raise VerificationError(problem, out)
+        moved = location_problem(original.checkpoint, written.checkpoint, renamed=moves)
+        if moved is not None:
+            raise VerificationError(moved, out)
         if reference is None:
             loader = loader_name(written.checkpoint)
             return [f"the output was verified by tieaudit's own reader only: {loader} is not installed"]
@@ -135,6 +140,32 @@ def verify_output(
         if rest is not None:
             raise VerificationError(rest, out)
         return list(reference.notes)
+
+
+def location_problem(
+    original: Checkpoint, written: Checkpoint, *, renamed: Mapping[str, str | None]
+) -> str | None:
+    """A storage the output records at a location (``cuda:0``, ``cpu``) that none of the input
+    storages its names viewed had; None when every one is where it was. Formats that record no
+    location ("") are not compared; a re-tied name views its kept tensor's storage, so a storage
+    may hold names from storages of several locations, and any of them is where it was."""
+    origin = {new: old for old, new in renamed.items() if new is not None}
+    before: dict[str, set[str]] = {}
+    for tensor in written.tensors:
+        name = origin.get(tensor.name, tensor.name if tensor.name not in renamed else None)
+        if name is None or name not in original.names:
+            continue
+        location = original.storages[original.tensor(name).storage_id].location
+        if location:
+            before.setdefault(tensor.storage_id, set()).add(location)
+    for storage_id, locations in before.items():
+        after = written.storages[storage_id].location
+        if after and after not in locations:
+            name = next(t.name for t in written.tensors if t.storage_id == storage_id)
+            was = ", ".join(quoted(where) for where in sorted(locations))
+            now = quoted(after)
+            return f"{quoted(name)} is recorded at {now} in the written output, at {was} in the input"
+    return None
 
 
 def _release(opened: OpenCheckpoint, name: str) -> None:

@@ -1,4 +1,8 @@
-"""TIE001 untied-copy: tensors stored apart whose bytes are equal, transposed or a cast of each other."""
+"""TIE001 untied-copy: tensors stored apart whose bytes are equal, transposed or a cast of each other.
+
+Stored apart means in separate storages: names viewing one storage (an LSTM's flattened weights,
+a fused qkv sliced in three) are views of one buffer, and equal values there are never a finding.
+Wasted bytes are what a rewrite saves, storage by storage (``graph.storage_use``)."""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import os
 from collections.abc import Iterator
 
 from tieaudit.core.components import Components
+from tieaudit.core.escape import printable
 from tieaudit.core.records import Checkpoint, Format
 from tieaudit.core.shell import Advice, advice, tieaudit_command
 from tieaudit.core.units import human_bytes
@@ -86,9 +91,29 @@ def _by_construction(component: dict[str, int] | None, group: CopyGroup) -> bool
     return len(found) == len(set(found))
 
 
+def _storage_note(group: CopyGroup) -> str:
+    """What the message says of members whose storage is written anyway (another tensor views it)."""
+    stays = [m.name for m in group.members if m.stays]
+    if not stays:
+        return ""
+    if len(stays) == len(group.members):
+        return (
+            " No rewrite saves a byte of them: each copy is a slice of a storage that other tensors view "
+            "too, and a storage is written whole (as torch.save writes an LSTM's flattened weights), so "
+            "retie leaves them."
+        )
+    verb = "is a slice" if len(stays) == 1 else "are slices"
+    return (
+        f" {printable(', '.join(stays))} {verb} of storages that other tensors view too, written whole "
+        "whatever happens to them: not counted as wasted, and retie leaves them."
+    )
+
+
 def copy_findings(audited: Audited) -> Iterator[Finding]:
-    """TIE001: one finding per copy group; its wasted bytes count every stored copy once. A group
-    the known model class does not tie is a note: equal by construction, and retie leaves it."""
+    """TIE001: one finding per copy group (names viewing one storage are views, never copies); its
+    wasted bytes are the storages a rewrite would no longer write, each counted once. A group the
+    known model class does not tie is a note: equal by construction, and retie leaves it; so is a
+    group whose copies all sit in storages other tensors keep (nothing to save)."""
     ckpt, groups = audited.graph.checkpoint, audited.copies
     declared = {frozenset((s.tie.dropped, s.tie.kept)) for s in audited.graph.ties}
     class_ties = ckpt.config.class_ties if ckpt.config is not None else None
@@ -120,18 +145,28 @@ def copy_findings(audited: Audited) -> Iterator[Finding]:
         on_load = rule is not None and any(pair <= frozenset(group.names) for pair in rule.ties_on_load)
         restored = rule is None or rule.accepts_any(group.names)
         locked = rule.flag_locked if rule is not None else ""
-        relations = {m.relation for m in group.members}
-        fix = None if on_load else _fix(ckpt, relations, restored=restored, locked=locked)
-        what = ON_LOAD if on_load else NOT_A_TIE_YET
+        nothing_saved = all(m.stays for m in group.members)
+        if on_load:
+            fix = None
+        elif nothing_saved:
+            fix = advice("nothing to re-tie; if they should be one parameter, tie them in the model")
+        else:
+            fix = _fix(ckpt, {m.relation for m in group.members}, restored=restored, locked=locked)
+        details: dict[str, object] = {
+            "kept": group.kept,
+            "relations": {m.name: m.relation for m in group.members},
+        }
+        if not nothing_saved and any(m.stays for m in group.members):
+            details["stays"] = [m.name for m in group.members if m.stays]
         yield UNTIED_COPY.finding(
             group.names,
             f"{'; '.join(parts)} in separate storage ({human_bytes(group.wasted_bytes)} wasted): "
-            f"{what}{note}",
-            severity="note" if by_construction or on_load else "warning",
+            f"{ON_LOAD if on_load else NOT_A_TIE_YET}" + _storage_note(group) + note,
+            severity="note" if by_construction or nothing_saved or on_load else "warning",
             relation=relation,
             wasted_bytes=group.wasted_bytes,
             fix=fix,
-            details={"kept": group.kept, "relations": {m.name: m.relation for m in group.members}},
+            details=details,
         )
     yield from quantized_findings(audited, UNTIED_COPY)
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.graph.alias import AliasGraph
 from tieaudit.graph.declared_copies import declared_copy_groups
-from tieaudit.graph.detect import find_copies, lookup_tables
+from tieaudit.graph.detect import find_copies, lookup_tables, settle
 from tieaudit.rules.across import CROSS_FILE
 from tieaudit.rules.adapter import ADAPTER_UNTIES
 from tieaudit.rules.copies import UNTIED_COPY
@@ -74,6 +74,7 @@ def evaluate(
         opened, policy.relations, policy.min_bytes, lookup_names=lookup_tables(ckpt), sources=sources
     )
     groups += declared_copy_groups(graph, opened, frozenset(n for g in groups for n in g.names))
+    groups = settle(ckpt, groups)  # a storage may hold members of both kinds of group
     audited = Audited(graph=graph, opened=opened, policy=policy, copies=tuple(groups), measured=measured)
     found = _applied([f for r in RULES.values() if not r.over_findings for f in r.check(audited)], policy)
     after = dataclasses.replace(audited, found=tuple(found))
