@@ -302,7 +302,7 @@ def test_a_peft_adapter_saving_a_tied_module_is_reported(
     code, document = report(kept, tmp_path, capsys)
     (stored,) = document["reports"][0]["findings"]  # PEFT stores both sides and ties them on load
     assert code == 0 and stored["rule"] == "TIE001" and stored["severity"] == "note" and stored["fix"] is None
-    assert "PEFT ties them when it loads it" in stored["message"]
+    assert "asks PEFT to tie them when it loads it" in stored["message"]
     plain = _peft_adapter(tmp_path / "gpt2-lora", gpt2=True, modules=None)
     code, document = report(plain, tmp_path, capsys)
     assert code == 0 and document["reports"][0]["findings"] == []
@@ -335,3 +335,51 @@ def test_a_timm_folder_is_read_as_its_model_with_no_transformers_class(
             "reason": "a timm model (resnet18; config.json): no transformers class, so no class ties",
         }
     ]
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_an_adapter_with_a_task_type_finds_its_base_by_its_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PEFT writes auto_mapping null when task_type is set: the base class comes from the base
+    model's own config.json (the folder base_model_name_or_path names); unknown, it is said."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.chdir(tmp_path)
+    tiny_gpt2().save_pretrained("base_gpt2")
+    base = AutoModelForCausalLM.from_pretrained("base_gpt2")
+    lora = LoraConfig(r=2, target_modules=["c_attn"], modules_to_save=["lm_head"], task_type="CAUSAL_LM")
+    get_peft_model(base, lora).save_pretrained("adapter")
+    assert json.loads(Path("adapter/adapter_config.json").read_text())["auto_mapping"] is None
+    code, document = report(Path("adapter"), tmp_path, capsys)
+    (finding,) = document["reports"][0]["findings"]
+    assert code == 1 and finding["rule"] == "TIE013" and finding["severity"] == "warning"
+    assert "whose config ties them" in finding["message"]
+    config = json.loads(Path("adapter/adapter_config.json").read_text())
+    Path("adapter/adapter_config.json").write_text(
+        json.dumps({**config, "base_model_name_or_path": "org/absent"})
+    )
+    code, document = report(Path("adapter"), tmp_path, capsys)
+    (finding,) = document["reports"][0]["findings"]
+    assert code == 0 and finding["rule"] == "TIE013" and finding["severity"] == "note"
+    assert "class is unknown" in finding["message"] and finding["names"] == [
+        "base_model.model.lm_head.weight"
+    ]
+
+
+def test_bytes_wasted_in_a_file_and_across_files_are_counted_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    embedding, hidden = torch.randn(100, 32), torch.randn(32, 32)
+    folder = tmp_path / "repo"
+    folder.mkdir()
+    torch.save({"emb.weight": embedding, "head.weight": embedding, "h.weight": hidden}, folder / "a_tied.pt")
+    copies = {"emb.weight": embedding.clone(), "head.weight": embedding.clone(), "h.weight": hidden.clone()}
+    torch.save(copies, folder / "b_copy.pt")
+    _, document = report(folder, tmp_path, capsys)
+    summary = {Path(r["path"]).name: r["summary"] for r in document["reports"]}["b_copy.pt"]
+    assert summary["wasted_bytes"] == summary["bytes"] == (100 * 32 * 2 + 32 * 32) * 4  # every byte, once
+    assert summary["unique_bytes"] == 0

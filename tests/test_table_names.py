@@ -205,7 +205,7 @@ def test_a_cloned_head_is_one_copy_the_config_declares_tied(
     report = _report(["check", str(_edited(pair.tied, tmp_path, clone))], tmp_path, 1)
     (finding,) = report["findings"]
     assert (finding["rule"], set(finding["names"])) == ("TIE001", {pair.head, pair.embedding})
-    assert "The config declares them tied" in finding["message"]
+    assert "the config declares them tied, so the loader ties them again" in finding["message"]
 
 
 @pytest.mark.parametrize("name", CLASSES)

@@ -46,6 +46,18 @@ def _files(target: str, files: Iterable[str]) -> str:
     return ", ".join(os.path.normpath(os.path.join(folder, f)) for f in sorted(set(files)))
 
 
+def _wasted_names(audit: Audit) -> frozenset[str]:
+    """Names whose bytes the file's own findings already count as wasted (a copy group's members,
+    not its kept name): a cross-file copy of one of them wastes nothing more."""
+    return frozenset(
+        name
+        for f in audit.findings
+        if f.wasted_bytes and f.rule != CROSS_FILE.id
+        for name in f.names
+        if name != f.details.get("kept")
+    )
+
+
 def cross_file_copies(
     paths: Sequence[str],
     outcomes: Outcomes,
@@ -115,7 +127,8 @@ def _compare(
         most = 2 * sum(c.nbytes for c in found) >= audit.graph.stored_bytes
         this = _files(paths[at], (c.second_file for c in found))
         original = _files(paths[members[first]], (c.first_file for c in found))
-        finding = cross_file_finding(found, this=this, original=original, whole=most)
+        counted = _wasted_names(audit)
+        finding = cross_file_finding(found, this=this, original=original, whole=most, counted=counted)
         finding = dataclasses.replace(finding, severity=policy.severity.get(CROSS_FILE.id, finding.severity))
         result[at] = dataclasses.replace(audit, findings=most_severe_first((*audit.findings, finding)))
     return []

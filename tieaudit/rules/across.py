@@ -41,19 +41,30 @@ def _pair(copy: AcrossCopy) -> str:
     return f"{printable(copy.second_name)} = {printable(copy.first_name)}"
 
 
-def cross_file_finding(copies: Sequence[AcrossCopy], *, this: str, original: str, whole: bool) -> Finding:
+def cross_file_finding(
+    copies: Sequence[AcrossCopy],
+    *,
+    this: str,
+    original: str,
+    whole: bool,
+    counted: frozenset[str] = frozenset(),
+) -> Finding:
     """The finding on file this, whose copies (all of one earlier file, original) repeat its tensors;
-    whole: they are most of this file's bytes (the same weights again, in another file)."""
-    wasted = sum(c.nbytes for c in copies)
+    whole: they are most of this file's bytes (the same weights again, in another file); counted:
+    names whose bytes the file's own findings already count as wasted (not counted again)."""
+    size = sum(c.nbytes for c in copies)
+    wasted = sum(c.nbytes for c in copies if c.second_name not in counted)  # not counted twice
     pairs = ", ".join(_pair(c) for c in copies[:PAIRS_NAMED])
     more = f" and {len(copies) - PAIRS_NAMED} more" if len(copies) > PAIRS_NAMED else ""
     what = (
-        "most of it is the same weights again: publish one of the two, or say which one to load"
+        "most of the file is the same weights again (if the two are one model in two formats, "
+        "publishing one saves the bytes)"
         if whole
-        else "the repository stores them twice: load them once and share them where the loader can"
+        else "the repository stores them twice (where both files are loaded together, sharing them "
+        "saves the memory too)"
     )
     message = (
-        f"{plural(len(copies), 'tensor')} ({human_bytes(wasted)}) of {printable(this)} "
+        f"{plural(len(copies), 'tensor')} ({human_bytes(size)}) of {printable(this)} "
         f"{'is' if len(copies) == 1 else 'are'} byte for byte in {printable(original)} too "
         f"({pairs}{more}): {what}."
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
-from tieaudit.core.escape import printable
+from tieaudit.core.escape import printable, quoted
 from tieaudit.formats.hf.layouts import Adapter, adapter_beside, base_ties
 from tieaudit.rules.finding import Audited, Finding, Rule
 
@@ -29,6 +29,12 @@ def _module(parameter: str) -> str:
     return parameter.rsplit(".", 1)[0]
 
 
+def _modules(name: str) -> list[str]:
+    """Every module path a stored name lies under: ``a.b.weight`` -> ``a``, ``a.b``."""
+    parts = name.split(".")
+    return [".".join(parts[:end]) for end in range(1, len(parts))]
+
+
 def _saved(module: str, adapter: Adapter) -> bool:
     """PEFT's matching: a module is saved when an entry is its name or its name's last parts."""
     return any(module == m or module.endswith("." + m) for m in adapter.modules_to_save)
@@ -39,7 +45,12 @@ def adapter_findings(audited: Audited) -> Iterator[Finding]:
     adapter = adapter_beside(audited.graph.checkpoint.path)
     if adapter is None or adapter.ensure_weight_tying or not adapter.modules_to_save:
         return
+    if adapter.base_class is None or adapter.base_ties is False:
+        if adapter.base_class is None:  # said, never silently passed
+            yield _unknown_base(adapter, [t.name for t in audited.graph.checkpoint.tensors])
+        return
     pairs, by_default = base_ties(adapter)
+    by_default = by_default if adapter.base_ties is None else adapter.base_ties
     stored = [t.name for t in audited.graph.checkpoint.tensors]
     for target, source in pairs.items():
         kept = [m for m in (_module(target), _module(source)) if _saved(m, adapter)]
@@ -53,7 +64,13 @@ def adapter_findings(audited: Audited) -> Iterator[Finding]:
             else f"saves its own {printable(kept[0])} but not "
             f"{printable(_module(source) if kept[0] == _module(target) else _module(target))}"
         )
-        when = "which its class ties by default" if by_default else "when the base model's config ties them"
+        when = (
+            "whose config ties them"
+            if adapter.base_ties
+            else "which its class ties by default"
+            if by_default
+            else "when the base model's config ties them"
+        )
         yield ADAPTER_UNTIES.finding(
             names,
             f"the adapter's modules_to_save {what}: on a base {printable(adapter.base_class or '')} "
@@ -64,6 +81,24 @@ def adapter_findings(audited: Audited) -> Iterator[Finding]:
             fix=FIX,
             details={"base_model_class": adapter.base_class, "modules_to_save": list(kept)},
         )
+
+
+def _unknown_base(adapter: Adapter, stored: list[str]) -> Finding:
+    """A note: the adapter saves modules whole, but which base class (and so which ties) is unknown."""
+    where = "no base recorded"
+    if adapter.base:
+        where = f"its base {quoted(adapter.base, 120)} has no config.json here"
+    names = [n for n in stored if any(_saved(m, adapter) for m in _modules(n))]
+    return ADAPTER_UNTIES.finding(
+        names,
+        f"the adapter's modules_to_save ({printable(', '.join(adapter.modules_to_save))}) replaces base "
+        f"modules whole, but the base model's class is unknown (auto_mapping is null and {where}): "
+        "whether that breaks a tie of the base model cannot be told. If a saved module is the embedding "
+        "or the head of a base that ties them, PEFT loads them untied.",
+        severity="note",
+        fix=FIX,
+        details={"base_model_name_or_path": adapter.base, "modules_to_save": list(adapter.modules_to_save)},
+    )
 
 
 ADAPTER_UNTIES = Rule(

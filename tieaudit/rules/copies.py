@@ -67,8 +67,18 @@ def _fix(ckpt: Checkpoint, relations: set[str], *, restored: bool, locked: str) 
     return advice(tieaudit_command("retie", ckpt.path, out, options=(*options, *all_equal)))
 
 
-ON_LOAD = "the adapter's format stores both, and PEFT ties them when it loads it (ensure_weight_tying)."
+ON_LOAD = (
+    "the adapter was made with ensure_weight_tying, which stores both and asks PEFT to tie them when it "
+    "loads it; whether it does depends on PEFT recognising the base model's tie (check that the loaded "
+    "model's embedding and head are one tensor)."
+)
 """A copy a PEFT adapter made with ensure_weight_tying stores on purpose (``LoaderRule.ties_on_load``)."""
+
+DECLARED = (
+    "the config declares them tied, so the loader ties them again when it loads the folder: the copy "
+    "costs the file's bytes, not a lost tie."
+)
+"""What a copy of a pair the folder's config declares tied is (from_pretrained restores the tie)."""
 
 NOT_A_TIE_YET = "values that are equal are not a tie; each copy trains and loads as its own parameter."
 """What an equal copy is, in every TIE001 message but a PEFT adapter's stored-on-purpose pair."""
@@ -131,6 +141,7 @@ def copy_findings(audited: Audited) -> Iterator[Finding]:
         by_construction = _by_construction(component, group) or (
             templates is not None and not any(layer_template(n) in templates for n in group.names)
         )
+        lead = NOT_A_TIE_YET
         if by_construction:
             architecture = ckpt.config.architectures[0] if ckpt.config and ckpt.config.architectures else "?"
             note = (
@@ -139,7 +150,8 @@ def copy_findings(audited: Audited) -> Iterator[Finding]:
                 "drops all but one, which from_pretrained would then initialise randomly."
             )
         elif any(pair <= frozenset(group.names) for pair in declared):  # a declared pair, both here
-            note = " The config declares them tied, but they are stored as separate tensors."
+            note = ""
+            lead = DECLARED
         else:
             note = ""
         on_load = rule is not None and any(pair <= frozenset(group.names) for pair in rule.ties_on_load)
@@ -161,7 +173,7 @@ def copy_findings(audited: Audited) -> Iterator[Finding]:
         yield UNTIED_COPY.finding(
             group.names,
             f"{'; '.join(parts)} in separate storage ({human_bytes(group.wasted_bytes)} wasted): "
-            f"{ON_LOAD if on_load else NOT_A_TIE_YET}" + _storage_note(group) + note,
+            f"{ON_LOAD if on_load else lead}" + _storage_note(group) + note,
             severity="note" if by_construction or nothing_saved or on_load else "warning",
             relation=relation,
             wasted_bytes=group.wasted_bytes,

@@ -184,7 +184,13 @@ class Adapter:
     ensure_weight_tying: bool
     """PEFT keeps the base model's tied modules tied when it wraps one of them."""
     base_class: str | None
-    """``auto_mapping.base_model_class``: the transformers class it was trained on, when recorded."""
+    """The transformers class it was trained on: ``auto_mapping.base_model_class`` (PEFT leaves it
+    null when the adapter has a ``task_type``), else the base model's config.json ``architectures``."""
+    base: str = ""
+    """``base_model_name_or_path`` as recorded (a local folder, a hub id, or empty)."""
+    base_ties: bool | None = None
+    """The base model's config.json ``tie_word_embeddings``, when that config was found (the folder
+    named, or its snapshot in the local hub cache); None when unknown."""
 
 
 def adapter_beside(path: str) -> Adapter | None:
@@ -202,12 +208,42 @@ def adapter_beside(path: str) -> Adapter | None:
         return None
     mapping = config.get("auto_mapping")
     base = mapping.get("base_model_class") if isinstance(mapping, dict) else None
+    named = config.get("base_model_name_or_path")
+    named = named if isinstance(named, str) else ""
+    base_config = _base_config(named, os.path.dirname(path))
+    if not isinstance(base, str) and base_config is not None:
+        stated = base_config.get("architectures")
+        base = stated[0] if isinstance(stated, list) and stated and isinstance(stated[0], str) else None
+    flag = base_config.get("tie_word_embeddings") if base_config is not None else None
     return Adapter(
         config=marker,
         modules_to_save=tuple(m for m in saved if isinstance(m, str)),
         ensure_weight_tying=config.get("ensure_weight_tying") is True,
         base_class=base if isinstance(base, str) else None,
+        base=named,
+        base_ties=flag if isinstance(flag, bool) else None,
     )
+
+
+def _base_config(named: str, beside: str) -> dict[str, Any] | None:
+    """The base model's config.json: in the folder base_model_name_or_path names (as given, or
+    relative to the adapter's folder), else in the local hub cache's snapshot of that id; nothing is
+    downloaded."""
+    if not named:
+        return None
+    for folder in (named, os.path.join(beside, named)):
+        config = read_marker(os.path.join(folder, CONFIG))
+        if isinstance(config, dict):
+            return config
+    from tieaudit.core.errors import InputError
+    from tieaudit.formats.hf_cache import cached_argument
+
+    try:
+        snapshot = cached_argument(named)
+    except InputError:  # an id the cache does not hold: unknown, not an error of this adapter
+        return None
+    config = read_marker(os.path.join(snapshot.folder, CONFIG)) if snapshot is not None else None
+    return config if isinstance(config, dict) else None
 
 
 def base_ties(adapter: Adapter) -> tuple[dict[str, str], bool]:
