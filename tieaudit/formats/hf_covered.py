@@ -17,7 +17,23 @@ from tieaudit.formats.hf_dir import (
     SAFE_INDEX,
     TORCH_INDEX,
     find_weights,
+    load_json,
 )
+
+
+def _listed_shards(folder: str, indexes: set[str]) -> set[str]:
+    """The files the shard indexes present list, read leniently (a missing shard, a bad entry): the
+    folder's audit says what is wrong with them, so none is audited as a checkpoint of its own."""
+    listed: set[str] = set()
+    for index in indexes:
+        try:
+            document = load_json(folder, index)
+        except InputError:
+            continue
+        weight_map = document.get("weight_map") if isinstance(document, dict) else None
+        if isinstance(weight_map, dict):
+            listed.update(v for v in weight_map.values() if isinstance(v, str))
+    return listed
 
 
 def covered_files(folder: str) -> frozenset[str]:
@@ -32,8 +48,9 @@ def covered_files(folder: str) -> frozenset[str]:
     covered = {n for n in present if any(fnmatch.fnmatchcase(n, p) for p in READ_BESIDE_WEIGHTS)}
     try:
         weights = find_weights(folder)
-    except InputError:
-        return frozenset(covered | {n for n in present if n in (SAFE_INDEX, TORCH_INDEX, DIFFUSERS_INDEX)})
+    except InputError:  # the folder's audit fails, naming why: its index and the shards it lists are its
+        indexes = {n for n in present if n in (SAFE_INDEX, TORCH_INDEX, DIFFUSERS_INDEX)}
+        return frozenset(covered | indexes | (_listed_shards(folder, indexes) & set(present)))
     covered.update(weights.files)
     if weights.index is not None:
         covered.add(weights.index)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from tieaudit.core.errors import InputError
 from tieaudit.core.globs import glob_matches, posix_relative
 from tieaudit.formats.bare_pickle import scan
-from tieaudit.formats.hf.layouts import config_only_reason, is_model_folder
+from tieaudit.formats.hf.layouts import config_only_reason, is_model_folder, missing_parts
 from tieaudit.formats.hf_cache import CacheSnapshot, cached_argument
 from tieaudit.formats.hf_covered import covered_files
 from tieaudit.formats.hf_dir import hub_blobs
@@ -161,6 +161,8 @@ class _Walk:
         if (status.st_dev, status.st_ino) in self.seen:
             return  # the same folder again, through a bind mount
         self.seen.add((status.st_dev, status.st_ino))
+        for path, message in missing_parts(folder):  # a module or component its library needs
+            self._error(path, message)
         if model is not None:
             for name in covered_files(folder):
                 self.covered.setdefault(os.path.abspath(os.path.join(folder, name)), model.path)

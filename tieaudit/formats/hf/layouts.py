@@ -41,6 +41,12 @@ MAX_MARKER_BYTES = 4 << 20
 looked at for its architecture): real ones are under 10 KiB."""
 MAX_LAYOUT_ENTRIES = 1000
 """Most modules or components one marker may list: real pipelines have under twenty."""
+FILELESS_MODULES = frozenset({"Normalize"})
+"""sentence-transformers module types (exact class names) whose loading reads no file: their folder
+may be absent (the MiniLM package's modules.json lists ``2_Normalize`` and ships no such folder)."""
+MARKER_LEVELS = 3
+"""How many folders up a nested sentence-transformers module looks for its model's modules.json
+(a Router keeps its modules one level below its own folder)."""
 ARCHITECTURE_KEYS = ("architectures", "model_type", "_class_name", "architecture")
 """Keys of a config.json that name a model architecture (transformers, diffusers, timm)."""
 MODEL_MARKERS = (CONFIG, SAFE_INDEX, TORCH_INDEX, DIFFUSERS_INDEX)
@@ -135,11 +141,73 @@ def folder_part(folder: str) -> Part | None:
         found = _pipeline_component(folder, parent)
     if found is not None:
         return found
-    config = read_marker(os.path.join(folder, CONFIG))
-    if isinstance(config, dict) and config.get("architecture") and "pretrained_cfg" in config:
+    return _by_own_config(folder)
+
+
+def _by_own_config(folder: str) -> Part | None:
+    """A folder no marker around it speaks of, by its own config.json: a diffusers model saved alone
+    (``_class_name``), a timm model (``architecture`` with ``pretrained_cfg``), or a module nested
+    deeper in a sentence-transformers model (a Router's ``query_0_Dense``: no architecture, with a
+    ``modules.json`` up to MARKER_LEVELS folders up)."""
+    marker = os.path.join(folder, CONFIG)
+    config = read_marker(marker)
+    if not isinstance(config, dict):
+        return None
+    if config.get("_class_name") and "_diffusers_version" in config:
+        kind = _short_type(config.get("_class_name"))
+        return Part(layout="diffusers", what=f"model ({kind})", marker=marker)
+    if config.get("architecture") and "pretrained_cfg" in config:
         kind = _short_type(config.get("architecture"))
-        return Part(layout="timm", what=f"model ({kind})", marker=os.path.join(folder, CONFIG))
+        return Part(layout="timm", what=f"model ({kind})", marker=marker)
+    if names_architecture(config):
+        return None
+    above = folder
+    for _ in range(MARKER_LEVELS):
+        above = os.path.dirname(above)
+        if os.path.isfile(os.path.join(above, MODULES)):
+            name, modules = quoted(os.path.relpath(folder, above), 80), os.path.join(above, MODULES)
+            return Part(layout="sentence-transformers", what=f"module {name}", marker=modules)
     return None
+
+
+def missing_parts(folder: str) -> list[tuple[str, str]]:
+    """(path, message) for each module (modules.json) or component (model_index.json) the folder's
+    marker lists whose folder is absent: the library refuses to load such a repository."""
+    missing = []
+    modules = (
+        read_marker(os.path.join(folder, MODULES)) if os.path.isfile(os.path.join(folder, MODULES)) else None
+    )
+    if isinstance(modules, list) and len(modules) <= MAX_LAYOUT_ENTRIES:
+        for module in modules:
+            path = module.get("path") if isinstance(module, dict) else None
+            kind = _short_type(module.get("type")) if isinstance(module, dict) else ""
+            if kind in FILELESS_MODULES or not isinstance(path, str) or not path:
+                continue
+            if not os.path.isdir(os.path.join(folder, path)):
+                missing.append(
+                    (
+                        os.path.join(folder, path),
+                        f"{MODULES} lists the {kind} module here, which is missing: "
+                        "SentenceTransformer cannot load this model",
+                    )
+                )
+    index = (
+        read_marker(os.path.join(folder, MODEL_INDEX))
+        if os.path.isfile(os.path.join(folder, MODEL_INDEX))
+        else None
+    )
+    if isinstance(index, dict) and len(index) <= MAX_LAYOUT_ENTRIES:
+        for name, entry in index.items():
+            listed = isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)
+            if listed and not name.startswith("_") and not os.path.isdir(os.path.join(folder, name)):
+                missing.append(
+                    (
+                        os.path.join(folder, name),
+                        f"{MODEL_INDEX} lists the component {quoted(name, 80)} "
+                        f"({_short_type(entry[1])}), which is missing: the pipeline cannot load",
+                    )
+                )
+    return missing
 
 
 def config_only_reason(folder: str) -> str:
@@ -169,8 +237,6 @@ def is_model_folder(path: str) -> bool:
         return False
     weights = (n for n in names if n.endswith(".safetensors") or n in TORCH_SINGLES)
     return any(weights) or bool(names.intersection(MODEL_MARKERS[1:]))
-
-
 
 
 @dataclass(frozen=True, kw_only=True)
