@@ -435,3 +435,25 @@ def test_a_diffusers_model_saved_alone_is_named_as_such(
     assert [n["reason"] for n in notes] == [
         "a diffusers model (UNet2DModel; config.json): no transformers class, so no class ties"
     ]
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_an_adapter_folder_is_one_checkpoint_with_its_trainer_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A PEFT adapter folder is what PeftModel.from_pretrained loads: one model (inspect takes it), and
+    a Trainer's checkpoint-N of an adapter keeps its optimizer and state files inside that one audit."""
+    import torch
+
+    folder = _peft_adapter(tmp_path / "checkpoint-2", gpt2=True, modules=None)
+    torch.save({"state": {}, "param_groups": [{"lr": 0.1, "params": []}]}, folder / "optimizer.pt")
+    torch.save({"last_epoch": 1}, folder / "scheduler.pt")
+    (folder / "trainer_state.json").write_text('{"global_step": 2}')
+    found = discover([str(tmp_path)])
+    assert [t.path for t in found.targets] == [str(folder)]
+    verdicts = {Path(f.path).name: f.verdict for f in found.files}
+    assert {verdicts[n] for n in ("adapter_config.json", "adapter_model.safetensors", "optimizer.pt")} == {
+        "covered"
+    }
+    assert main(["inspect", str(folder), "--format", "json", "-o", str(tmp_path / "i.json")]) == 0
+    assert json.loads((tmp_path / "i.json").read_text())["format"] == "hf-dir"

@@ -35,16 +35,14 @@ SAFE_SINGLE = "model.safetensors"
 SAFE_INDEX = "model.safetensors.index.json"
 TORCH_SINGLE = "pytorch_model.bin"
 TORCH_INDEX = "pytorch_model.bin.index.json"
-DIFFUSERS_SAFE = "diffusion_pytorch_model.safetensors"
+DIFFUSERS_SAFE = "diffusion_pytorch_model.safetensors"  # a diffusers component's weights, by its names
 DIFFUSERS_INDEX = "diffusion_pytorch_model.safetensors.index.json"
 DIFFUSERS_TORCH = "diffusion_pytorch_model.bin"
-"""A diffusers component's weights (its library's names for them)."""
-TORCH_SINGLES = (TORCH_SINGLE, DIFFUSERS_TORCH)
-LOOKED_FOR = (
-    f"{SAFE_SINGLE}, {SAFE_INDEX}, {DIFFUSERS_SAFE}, *.safetensors, {TORCH_SINGLE}, {TORCH_INDEX}, "
-    f"{DIFFUSERS_TORCH}"
-)
-READ_BESIDE_WEIGHTS = (CONFIG, TOKENIZER, *TRAINER_FILES)
+ADAPTER_TORCH = "adapter_model.bin"  # a PEFT adapter's, saved with safe_serialization=False
+TORCH_SINGLES = (TORCH_SINGLE, DIFFUSERS_TORCH, ADAPTER_TORCH)
+LOOKED_FOR = ", ".join((SAFE_SINGLE, SAFE_INDEX, "*.safetensors", TORCH_INDEX, *TORCH_SINGLES))
+ADAPTER_CONFIG = "adapter_config.json"  # a PEFT adapter's (formats.hf.layouts reads it)
+READ_BESIDE_WEIGHTS = (CONFIG, ADAPTER_CONFIG, TOKENIZER, *TRAINER_FILES)
 """Files (fnmatch patterns) read beside the weights when present; a file the reader learns to read
 goes here too, so that discovery counts it as part of the folder (``hf_covered.covered_files``)."""
 
@@ -245,8 +243,9 @@ def find_weights(folder: str) -> WeightSet:
         return WeightSet(files=(TORCH_SINGLE,))
     if exists(TORCH_INDEX):
         return read_index(folder, TORCH_INDEX)
-    if exists(DIFFUSERS_TORCH):
-        return WeightSet(files=(DIFFUSERS_TORCH,))
+    for single in (DIFFUSERS_TORCH, ADAPTER_TORCH):
+        if exists(single):
+            return WeightSet(files=(single,))
     raise InputError(f"no weights found (looked for {LOOKED_FOR})", folder)
 
 

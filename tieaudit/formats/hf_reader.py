@@ -9,6 +9,7 @@ from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.records import Checkpoint, Skipped
 from tieaudit.formats.hf.layouts import folder_part
 from tieaudit.formats.hf_dir import (
+    ADAPTER_CONFIG,
     TOKENIZER,
     TORCH_SINGLE,
     FilePart,
@@ -48,6 +49,8 @@ class HfDirReader(Reader):
         tokenizer_size, tokenizer_files, tokenizer_notes = read_tokenizer(folder)
         ties, notes = gather_declarations(folder, config, weights, parts=parts)
         part = folder_part(folder)
+        if part is not None and part.layout == "PEFT":  # read for TIE013 and the loader's rule
+            config_files.append(ADAPTER_CONFIG)
         if part is not None and not part.transformers_config and config is not None:
             notes = [n for n in notes if not n.name.startswith(f"{CONFIG}:architectures")]
             notes.append(Skipped(CONFIG, f"{part.describe()}: no transformers class, so no class ties"))

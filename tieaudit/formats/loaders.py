@@ -114,7 +114,7 @@ def loader_rule(ckpt: Checkpoint) -> LoaderRule | None:
     if ckpt.format not in ("safetensors", "hf-dir"):
         return None
     config = None
-    adapter = adapter_beside(ckpt.path) if ckpt.format == "safetensors" else None
+    adapter = adapter_beside(ckpt.path)
     if adapter is not None:
         return peft_adapter(ckpt, adapter)
     if ckpt.format == "hf-dir":

@@ -27,15 +27,13 @@ from typing import Any
 
 from tieaudit.core.escape import quoted
 from tieaudit.core.limits import read_limited
-from tieaudit.formats.hf_dir import DIFFUSERS_INDEX, SAFE_INDEX, TORCH_INDEX, TORCH_SINGLES
+from tieaudit.formats.hf_dir import ADAPTER_CONFIG, DIFFUSERS_INDEX, SAFE_INDEX, TORCH_INDEX, TORCH_SINGLES
 from tieaudit.formats.hf_ties import CONFIG
 
 MODULES = "modules.json"
 """sentence-transformers' list of modules."""
 MODEL_INDEX = "model_index.json"
 """A diffusers pipeline's components."""
-ADAPTER_CONFIG = "adapter_config.json"
-"""A PEFT adapter's configuration."""
 MAX_MARKER_BYTES = 4 << 20
 """Largest layout marker read (modules.json, model_index.json, adapter_config.json, a config.json
 looked at for its architecture): real ones are under 10 KiB."""
@@ -49,7 +47,7 @@ MARKER_LEVELS = 3
 (a Router keeps its modules one level below its own folder)."""
 ARCHITECTURE_KEYS = ("architectures", "model_type", "_class_name", "architecture")
 """Keys of a config.json that name a model architecture (transformers, diffusers, timm)."""
-MODEL_MARKERS = (CONFIG, SAFE_INDEX, TORCH_INDEX, DIFFUSERS_INDEX)
+MODEL_MARKERS = (CONFIG, ADAPTER_CONFIG, SAFE_INDEX, TORCH_INDEX, DIFFUSERS_INDEX)
 """A folder holding one of these next to weights is one Hugging Face model."""
 
 
@@ -236,7 +234,7 @@ def is_model_folder(path: str) -> bool:
     if not names.intersection(MODEL_MARKERS):
         return False
     weights = (n for n in names if n.endswith(".safetensors") or n in TORCH_SINGLES)
-    return any(weights) or bool(names.intersection(MODEL_MARKERS[1:]))
+    return any(weights) or bool(names.intersection(MODEL_MARKERS[2:]))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -261,11 +259,12 @@ class Adapter:
 
 def adapter_beside(path: str) -> Adapter | None:
     """The adapter configuration of a PEFT adapter's weight file (``adapter_model.safetensors``,
-    ``adapter_model.bin``), from the adapter_config.json beside it; None for any other file, or when
+    ``adapter_model.bin``) or folder, from its adapter_config.json; None for any other file, or when
     that config cannot be read as one."""
-    if not os.path.basename(path).startswith("adapter_model."):
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
+    if not (os.path.isdir(path) or os.path.basename(path).startswith("adapter_model.")):
         return None
-    marker = os.path.join(os.path.dirname(path), ADAPTER_CONFIG)
+    marker = os.path.join(folder, ADAPTER_CONFIG)
     config = read_marker(marker)
     if not isinstance(config, dict):
         return None
@@ -276,7 +275,7 @@ def adapter_beside(path: str) -> Adapter | None:
     base = mapping.get("base_model_class") if isinstance(mapping, dict) else None
     named = config.get("base_model_name_or_path")
     named = named if isinstance(named, str) else ""
-    base_config = _base_config(named, os.path.dirname(path))
+    base_config = _base_config(named, folder)
     if not isinstance(base, str) and base_config is not None:
         stated = base_config.get("architectures")
         base = stated[0] if isinstance(stated, list) and stated and isinstance(stated[0], str) else None
