@@ -11,6 +11,7 @@ import importlib
 import json
 import os
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -457,3 +458,50 @@ def test_an_adapter_folder_is_one_checkpoint_with_its_trainer_files(
     }
     assert main(["inspect", str(folder), "--format", "json", "-o", str(tmp_path / "i.json")]) == 0
     assert json.loads((tmp_path / "i.json").read_text())["format"] == "hf-dir"
+
+
+def _llama_with_a_cloned_head() -> Any:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=32, tie_word_embeddings=False,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config)
+    model.lm_head.weight.data.copy_(model.model.embed_tokens.weight.data)
+    return model
+
+
+def test_a_sharded_variant_alone_is_read_by_its_index_and_its_fix_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.chdir(tmp_path)
+    _llama_with_a_cloned_head().half().save_pretrained("varonly", max_shard_size="4KB", variant="fp16")
+    assert Path("varonly/model.safetensors.index.fp16.json").exists()
+    capsys.readouterr()
+    code, out, _ = check(["varonly"], capsys)
+    assert code == 1 and "TIE001" in out
+    (fix,) = [line.split("fix: ", 1)[1] for line in out.splitlines() if "fix: " in line]
+    assert main(shlex.split(fix)[1:]) == 0  # the printed fix, as printed
+    reloaded = AutoModelForCausalLM.from_pretrained("varonly-retied", variant="fp16")
+    assert reloaded.lm_head.weight.data_ptr() == reloaded.model.embed_tokens.weight.data_ptr()
+    assert check(["varonly-retied"], capsys)[0] == 0
+
+
+def test_a_variant_index_left_without_its_shards_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tiny_gpt2()
+    model.half().save_pretrained(tmp_path / "stale", variant="fp16", max_shard_size="10KB")
+    model.float().save_pretrained(
+        tmp_path / "stale", max_shard_size="10KB"
+    )  # transformers keeps the fp16 index
+    assert (tmp_path / "stale" / "model.safetensors.index.fp16.json").exists()
+    capsys.readouterr()
+    code, _, err = check([str(tmp_path / "stale")], capsys)
+    assert code == 2 and "model.safetensors.index.fp16.json: lists 'model.fp16-" in err
+    assert "from_pretrained with this variant fails" in err

@@ -1,8 +1,7 @@
 """Hugging Face model folders: config.json, weight files (single, sharded, indexed), tokenizer.json.
 
-Weight files are chosen the way transformers chooses them: ``model.safetensors``, else its index,
-else any ``*.safetensors``, else ``pytorch_model.bin`` or its index. Every file read must stay
-inside the folder, by name and by link; the one exception is a hub cache snapshot, whose files
+Weight files are chosen as ``find_weights`` says. Every file read must stay inside the folder, by
+name and by link; the one exception is a hub cache snapshot, whose files
 are links into the repository's ``blobs`` folder, and only when that folder is a real folder of
 the repository (not a link: a ``blobs`` linked to ``/`` would make every file "inside").
 """
@@ -221,11 +220,8 @@ def torch_weights(files: tuple[str, ...]) -> bool:
 
 
 def find_weights(folder: str) -> WeightSet:
-    """The weight files to read, in transformers' order of preference (diffusers' names after
-    transformers' own). Loose ``*.safetensors`` are read together, except a variant
-    (``diffusion_pytorch_model.fp16.safetensors``) beside the file it is a variant of: a library
-    loads one or the other, never both, so the variant is audited on its own."""
-
+    """The weight files to read, in transformers' order of preference (then diffusers' names, a
+    variant's index, loose ``*.safetensors`` but a variant beside the file it varies: audited alone)."""
     def exists(name: str) -> bool:
         return os.path.isfile(os.path.join(folder, name))
 
@@ -234,6 +230,9 @@ def find_weights(folder: str) -> WeightSet:
             return WeightSet(files=(single,))
         if exists(index):
             return read_index(folder, index)
+    variants = glob.glob(os.path.join(glob.escape(folder), "*.safetensors.index.*.json"))
+    if len(variants) == 1:  # only a variant, sharded (model.safetensors.index.fp16.json): its index
+        return read_index(folder, os.path.basename(variants[0]))
     loose = sorted(os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(folder), "*.safetensors")))
     plain = set(loose)
     loose = [n for n in loose if n.split(".", 1)[0] + ".safetensors" not in plain or n.count(".") == 1]

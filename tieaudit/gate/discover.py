@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from tieaudit.core.errors import InputError
 from tieaudit.core.globs import glob_matches, posix_relative
 from tieaudit.formats.bare_pickle import scan
-from tieaudit.formats.hf.layouts import config_only_reason, is_model_folder, missing_parts
+from tieaudit.formats.hf.layouts import config_only_reason, is_model_folder, loader_gaps
 from tieaudit.formats.hf_cache import CacheSnapshot, cached_argument
 from tieaudit.formats.hf_covered import covered_files
 from tieaudit.formats.hf_dir import hub_blobs
@@ -161,7 +161,7 @@ class _Walk:
         if (status.st_dev, status.st_ino) in self.seen:
             return  # the same folder again, through a bind mount
         self.seen.add((status.st_dev, status.st_ino))
-        for path, message in missing_parts(folder):  # a module or component its library needs
+        for path, message in loader_gaps(folder):  # a module, component or shard its loader needs
             self._error(path, message)
         if model is not None:
             for name in covered_files(folder):

@@ -19,6 +19,7 @@ not JSON, another shape) recognises nothing: the folder is then judged by its ow
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 from collections.abc import Mapping
@@ -42,6 +43,8 @@ MAX_LAYOUT_ENTRIES = 1000
 FILELESS_MODULES = frozenset({"Normalize"})
 """sentence-transformers module types (exact class names) whose loading reads no file: their folder
 may be absent (the MiniLM package's modules.json lists ``2_Normalize`` and ships no such folder)."""
+MAX_VARIANT_TENSORS = 1_000_000
+"""Entries of a variant's shard index looked at for missing shards (a real index lists under 100 000)."""
 MARKER_LEVELS = 3
 """How many folders up a nested sentence-transformers module looks for its model's modules.json
 (a Router keeps its modules one level below its own folder)."""
@@ -206,6 +209,36 @@ def missing_parts(folder: str) -> list[tuple[str, str]]:
                     )
                 )
     return missing
+
+
+def missing_variant_shards(folder: str) -> list[tuple[str, str]]:
+    """(path, message) for a variant's shard index (``model.safetensors.index.fp16.json``) listing
+    shards that are absent: ``from_pretrained(variant=...)`` fails on it (transformers itself leaves
+    one behind when a plain save follows a variant save into one folder)."""
+    found = []
+    for index in sorted(glob.glob(os.path.join(glob.escape(folder), "*.safetensors.index.*.json"))):
+        document = read_marker(index)
+        weight_map = document.get("weight_map") if isinstance(document, dict) else None
+        if not isinstance(weight_map, dict) or len(weight_map) > MAX_VARIANT_TENSORS:
+            continue
+        files = {f for f in weight_map.values() if isinstance(f, str)}
+        absent = sorted(f for f in files if not os.path.isfile(os.path.join(folder, f)))
+        if absent:
+            more = f" and {len(absent) - 1} more" if len(absent) > 1 else ""
+            found.append(
+                (
+                    index,
+                    f"lists {quoted(absent[0], 120)}{more}, which {'are' if more else 'is'} missing: "
+                    "from_pretrained with this variant fails",
+                )
+            )
+    return found
+
+
+def loader_gaps(folder: str) -> list[tuple[str, str]]:
+    """(path, message) for everything the folder's markers list that its loader needs and cannot
+    find: modules, pipeline components, a variant's shards."""
+    return missing_parts(folder) + missing_variant_shards(folder)
 
 
 def config_only_reason(folder: str) -> str:
