@@ -105,6 +105,11 @@ def _traced(module: torch.nn.Module, example: torch.Tensor) -> Callable[[Path], 
     return lambda path: torch.jit.save(torch.jit.trace(module, example, check_trace=False), str(path))
 
 
+def _frozen(module: torch.nn.Module) -> Callable[[Path], None]:
+    """torch.jit.freeze inlines parameters as constants: a tie becomes one constant."""
+    return lambda path: torch.jit.save(torch.jit.freeze(torch.jit.script(module.eval())), str(path))
+
+
 BUILDS: dict[str, Callable[[Path], None]] = {
     "scripted_tied_lm": _scripted(TinyLM(tied=True)),
     "traced_tied_lm": _traced(TinyLM(tied=True), torch.tensor([[1, 2, 3]])),
@@ -112,6 +117,7 @@ BUILDS: dict[str, Callable[[Path], None]] = {
     "traced_copy_lm": _traced(TinyLM(tied=False), torch.tensor([[1, 2, 3]])),
     "traced_buffer_and_constant": _traced(WithConstant(), torch.randn(2, 4)),
     "scripted_nested": _scripted(Nested()),
+    "frozen_tied_lm": _frozen(TinyLM(tied=True)),
 }
 
 

@@ -169,7 +169,7 @@ def _note(reading: _Archive) -> str:
     unread = f"; {TRACED_INPUTS} (example input shapes, no values) not read" if traced else ""
     return (
         f"TorchScript archive (torch.jit.save): {', '.join(reading.read)} read inertly, "
-        f"{plural(len(classes), 'TorchScript class', 'TorchScript classes')} kept as records"
+        f"{plural(len(classes), 'TorchScript class', 'TorchScript classes')} kept inert"
         f"{' (' + named + more + ')' if classes else ''}{unread}; code/ ({plural(sources, 'source file')}) "
         "not run. torch.jit.load compiles and runs that code (__setstate__ while loading, forward when "
         "called); torch.load(weights_only=True) refuses TorchScript archives, and "
