@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.numpy import save_file
 
 from tieaudit.cli.main import main
 from tieaudit.core.bytestore import OpenCheckpoint
@@ -228,9 +229,10 @@ def test_check_of_a_folder_audits_every_name(
 def test_a_model_folder_of_torchscript_weights_is_refused_as_transformers_would(
     archives: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """transformers loads pytorch_model.bin with torch.load(weights_only=True), which refuses a
-    TorchScript archive: the folder is an error naming why; an archive beside it is audited; a
-    hidden one is skipped like any checkpoint whose pickles name no Python code."""
+    """transformers loads pytorch_model.bin (and a Trainer's scheduler.pt) with
+    torch.load(weights_only=True), which refuses a TorchScript archive: the folder's audit says so
+    (an error for its weights, a note for a training file), and the archive is audited on its own
+    too, as anywhere else; a hidden one is skipped like any checkpoint naming no Python code."""
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"]}')
@@ -242,9 +244,21 @@ def test_a_model_folder_of_torchscript_weights_is_refused_as_transformers_would(
     assert code == 2
     (error,) = report["errors"]
     assert "TorchScript" in error["message"] and "weights_only=True" in error["message"]
-    assert [Path(r["path"]).name for r in report["reports"]] == ["exported.pt"]
+    assert sorted(Path(r["path"]).name for r in report["reports"]) == ["exported.pt", "pytorch_model.bin"]
     hidden = [f for f in report["files"] if ".cache" in f["path"]]
     assert [f["verdict"] for f in hidden] == ["skipped"]
+    trainer = tmp_path / "checkpoint-2"
+    trainer.mkdir()
+    (trainer / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"]}')
+    (trainer / "trainer_state.json").write_text("{}")
+    save_file({"x": np.zeros(4, np.float32)}, str(trainer / "model.safetensors"))
+    shutil.copyfile(archives["scripted_copy_lm"], trainer / "scheduler.pt")
+    code, report = _check(capsys, str(trainer))
+    assert code == 1 and report["errors"] == []
+    by_name = {Path(r["path"]).name: r for r in report["reports"]}
+    assert by_name["scheduler.pt"]["findings"][0]["rule"] == "TIE001"
+    (part,) = [p for p in by_name["checkpoint-2"]["training"]["parts"] if p["path"] == "scheduler.pt"]
+    assert part["status"].startswith("not read: a TorchScript archive")
 
 
 def test_the_report_says_what_runs_the_code_and_finds_no_python_global(

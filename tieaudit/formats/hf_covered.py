@@ -12,6 +12,7 @@ import os
 
 from tieaudit.core.errors import InputError
 from tieaudit.formats.hf_dir import READ_BESIDE_WEIGHTS, SAFE_INDEX, TORCH_INDEX, find_weights
+from tieaudit.formats.torchscript import is_torchscript_file
 
 
 def covered_files(folder: str) -> frozenset[str]:
@@ -31,4 +32,6 @@ def covered_files(folder: str) -> frozenset[str]:
     covered.update(weights.files)
     if weights.index is not None:
         covered.add(weights.index)
-    return frozenset(covered)
+    # A TorchScript archive the folder's reader refuses (transformers cannot load it) is audited on
+    # its own as well, as anywhere else: its report is not hidden behind the folder's.
+    return frozenset(n for n in covered if not is_torchscript_file(os.path.join(folder, n)))

@@ -27,6 +27,7 @@ The legacy ``model.json`` layout (torch < 1.3) is refused.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.errors import InputError, UnsupportedFormatError
@@ -38,9 +39,9 @@ from tieaudit.formats.torch_checkpoint import LocateStorage, build_checkpoint
 from tieaudit.formats.torch_pickle import MAX_PICKLE_BYTES, Referenced, load_pickle, truncated_error
 from tieaudit.formats.torch_records import Placeholder, StorageRef
 from tieaudit.formats.torchscript_hooks import ScriptHooks
-from tieaudit.formats.zip_archive import ZipArchive, read_member, shown
+from tieaudit.formats.zip_archive import LOCAL_MAGIC, ZipArchive, pread, read_archive, read_member, shown
 
-__all__ = ["CONSTANTS", "REEXPORT", "is_torchscript", "read_torchscript"]
+__all__ = ["CONSTANTS", "REEXPORT", "is_torchscript", "is_torchscript_file", "read_torchscript"]
 
 MARKER = "constants.pkl"
 """The record torch.load takes a zip for a TorchScript archive by (``_is_torchscript_zip``)."""
@@ -62,6 +63,25 @@ NAMED_CLASSES = 2
 def is_torchscript(archive: ZipArchive, prefix: str) -> bool:
     """torch.load's test: the archive's folder holds a record named exactly ``constants.pkl``."""
     return archive_has(archive, prefix + MARKER)
+
+
+def is_torchscript_file(path: str) -> bool:
+    """A file torch.load takes for a TorchScript archive (a zip from byte 0 whose first member's
+    folder holds ``constants.pkl``); False for anything else, or anything unreadable. Reads the
+    head and the central directory only."""
+    try:
+        with open(path, "rb") as handle:
+            fd = handle.fileno()
+            if pread(fd, len(LOCAL_MAGIC), 0) != LOCAL_MAGIC:
+                return False
+            archive = read_archive(fd, os.fstat(fd).st_size, path)
+    except (OSError, InputError):
+        return False
+    first = archive.members[0].name if archive.members else b""
+    if b"/" not in first:
+        return False
+    prefix = first.split(b"/", 1)[0].decode("utf-8", "surrogateescape") + "/"
+    return is_torchscript(archive, prefix)
 
 
 def archive_has(archive: ZipArchive, name: str) -> bool:
