@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import stat
 
 from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.errors import InputError, UnsupportedFormatError
@@ -70,13 +71,18 @@ def is_torchscript_file(path: str) -> bool:
     folder holds ``constants.pkl``); False for anything else, or anything unreadable. Reads the
     head and the central directory only."""
     try:
-        with open(path, "rb") as handle:
-            fd = handle.fileno()
-            if pread(fd, len(LOCAL_MAGIC), 0) != LOCAL_MAGIC:
-                return False
-            archive = read_archive(fd, os.fstat(fd).st_size, path)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO named like a shard must not block
+    except OSError:
+        return False
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode) or pread(fd, len(LOCAL_MAGIC), 0) != LOCAL_MAGIC:
+            return False
+        archive = read_archive(fd, status.st_size, path)
     except (OSError, InputError):
         return False
+    finally:
+        os.close(fd)
     first = archive.members[0].name if archive.members else b""
     if b"/" not in first:
         return False
