@@ -511,10 +511,15 @@ def test_legacy_sizes_past_the_end_are_input_errors(tmp_path: Path) -> None:
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
-def test_torchscript_archive_is_unsupported(tmp_path: Path) -> None:
+def test_torchscript_archive_is_read_as_such_unless_only_torch_save_data_is_wanted(tmp_path: Path) -> None:
+    """A TorchScript archive is read by its own reader (tests/test_torchscript.py); a caller reading
+    what torch.load(weights_only=True) loads (a model folder's weights) refuses it, naming it."""
     torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), str(tmp_path / "scripted.pt"))
+    with TorchReader().read(str(tmp_path / "scripted.pt")) as opened:
+        assert opened.checkpoint.format == "torchscript"
+        assert opened.checkpoint.names == {"weight", "bias"}
     with pytest.raises(UnsupportedFormatError, match="TorchScript"):
-        TorchReader().read(str(tmp_path / "scripted.pt"))
+        TorchReader(torchscript=False).read(str(tmp_path / "scripted.pt"))
 
 
 # ---------------------------------------------------------------- fuzzing

@@ -17,7 +17,7 @@ from tieaudit.core.escape import quoted
 from tieaudit.core.limits import NPY_INTP_MAX, bounded_product, shown_dims
 from tieaudit.core.training import TrainingLayout
 
-Format = Literal["torch", "safetensors", "onnx", "hf-dir", "gguf", "pickle"]
+Format = Literal["torch", "torchscript", "safetensors", "onnx", "hf-dir", "gguf", "pickle"]
 DeclaredBy = Literal["config", "metadata", "index", "policy", "loader"]
 ConsumerRole = Literal["embedding", "head", "alias", "other"]
 
@@ -300,6 +300,9 @@ class Checkpoint:
     unread: tuple[UnreadTensor, ...] = ()
     """Tensors listed but not read (quantized, sparse, meta, ...): every one is kept, never counted
     away like ``skipped``, since convert and retie must account for each."""
+    notes: tuple[str, ...] = ()
+    """What the reader says of the file beside its tensors, one line each (a TorchScript archive:
+    its code, and who runs it); raw text from the file, escaped where printed."""
 
     def __post_init__(self) -> None:
         # Two tensors under one name would let every later stage keep one of them silently: the

@@ -19,6 +19,7 @@ from tieaudit.formats.hf_dir import (
     find_weights,
     load_json,
 )
+from tieaudit.formats.torchscript import is_torchscript_file
 
 
 def _listed_shards(folder: str, indexes: set[str]) -> set[str]:
@@ -54,4 +55,6 @@ def covered_files(folder: str) -> frozenset[str]:
     covered.update(weights.files)
     if weights.index is not None:
         covered.add(weights.index)
-    return frozenset(covered)
+    # A TorchScript archive the folder's reader refuses (transformers cannot load it) is audited on
+    # its own as well, as anywhere else: its report is not hidden behind the folder's.
+    return frozenset(n for n in covered if not is_torchscript_file(os.path.join(folder, n)))

@@ -260,7 +260,7 @@ def read_torch_part(folder: str, file: str) -> FilePart:
     """One PyTorch file, read by the torch reader; in-memory storage bytes are copied out."""
     from tieaudit.formats.torch_file import TorchReader
 
-    with TorchReader().read(confined_path(folder, file)) as opened:
+    with TorchReader(torchscript=False).read(confined_path(folder, file)) as opened:
         sub = opened.checkpoint
         memory = {sid: bytes(opened.store.buffer(s)) for sid, s in sub.storages.items() if s.file_offset < 0}
         return FilePart(

@@ -40,6 +40,7 @@ from tieaudit.formats.torch_pickle import MAX_PICKLE_BYTES, Referenced, load_pic
 from tieaudit.formats.torch_records import StorageRef, key_name
 from tieaudit.formats.torch_sniff import is_legacy_stream, is_torch_content, is_torch_tar
 from tieaudit.formats.torch_tar_walk import read_tar
+from tieaudit.formats.torchscript import is_torchscript, read_torchscript
 from tieaudit.formats.training import training_layout
 from tieaudit.formats.walked import (
     UNFINISHED,
@@ -73,6 +74,10 @@ SUPPORTED_VERSIONS = range(1, 11)
 """The archive versions torch 2.13 reads (kMinSupportedFileFormatVersion..kMaxSupportedFileFormatVersion)."""
 _VERSION = re.compile(rb"\s*(\d{1,19})\s*")
 _AMBIGUOUS = "torch and tieaudit could read different data"
+_SCRIPT_REFUSED = (
+    "a TorchScript archive (torch.jit.save), not a torch.save checkpoint: transformers loads this "
+    "file with torch.load(weights_only=True), which refuses TorchScript archives"
+)
 
 
 def _prefix(archive: ZipArchive, path: str) -> str:
@@ -100,13 +105,6 @@ def _small(fd: int, member: ZipMember, path: str) -> bytes:
 
 def _check_records(fd: int, archive: ZipArchive, prefix: str, *, path: str) -> None:
     """The records torch.load reads before data.pkl, with torch's rules."""
-    names = {member.name for member in archive.members}
-    if f"{prefix}constants.pkl".encode() in names or any(
-        n.startswith(f"{prefix}code/".encode()) for n in names
-    ):
-        raise UnsupportedFormatError(
-            "a TorchScript archive (torch.jit.save), not a torch.save checkpoint", path
-        )
     version = _record(archive, prefix, ".data/version") or _record(archive, prefix, "version")
     if version is None:
         raise InputError("the archive has no version record, which torch.load requires", path)
@@ -169,11 +167,9 @@ class _Reached:
 
 
 def _read_zip(
-    fd: int, size: int, path: str, *, referenced: Referenced, budget: PickleBudget, reached: _Reached
+    fd: int, archive: ZipArchive, prefix: str, *, path: str, referenced: Referenced, budget: PickleBudget,
+    reached: _Reached,
 ) -> tuple[object, dict[str, StorageRef], LocateStorage]:
-    archive = read_archive(fd, size, path)
-    prefix = _prefix(archive, path)
-    _check_records(fd, archive, prefix, path=path)
     member = _record(archive, prefix, "data.pkl")
     if member is None:
         raise InputError(f"the archive has no {prefix}data.pkl record", path)
@@ -237,9 +233,15 @@ def refused_read(exc: InputError, path: str, *, referenced: Referenced, reached:
 
 
 class TorchReader(Reader):
-    """torch.save files, zip or legacy, recognised by content rather than suffix."""
+    """torch.save files, zip or legacy, recognised by content rather than suffix; and TorchScript
+    archives, which torch.load hands to torch.jit.load (``torchscript``), unless a caller loads
+    only what torch.load(weights_only=True) loads (``torchscript=False``: a model folder's weights,
+    a Trainer folder's files, which transformers reads so)."""
 
     format = "torch"
+
+    def __init__(self, *, torchscript: bool = True) -> None:
+        self.torchscript = torchscript
 
     def sniff(self, path: str, head: bytes) -> bool:
         return is_torch_content(path, head)  # by content, as torch.load: any name
@@ -255,8 +257,17 @@ class TorchReader(Reader):
                 # One budget for the file: its pickles, then flattening what they made.
                 budget = reached.budget = PickleBudget(size)
                 if head.startswith(ZIP_MAGIC):
+                    archive = read_archive(fd, size, path)
+                    prefix = _prefix(archive, path)
+                    _check_records(fd, archive, prefix, path=path)
+                    if is_torchscript(archive, prefix):
+                        if not self.torchscript:
+                            raise UnsupportedFormatError(_SCRIPT_REFUSED, path)
+                        return read_torchscript(
+                            fd, path, archive=archive, prefix=prefix, referenced=referenced, budget=budget
+                        )
                     root, storages, locate = _read_zip(
-                        fd, size, path, referenced=referenced, budget=budget, reached=reached
+                        fd, archive, prefix, path=path, referenced=referenced, budget=budget, reached=reached
                     )
                 elif is_torch_tar(path, head):  # torch.load tries tar before the legacy stream
                     reached.tar = True

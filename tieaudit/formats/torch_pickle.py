@@ -237,15 +237,18 @@ def load_pickle(
     unknown: UnknownGlobal = inert,
     referenced: Referenced | None = None,
     budget: PickleBudget | None = None,
+    hooks: TorchHooks | None = None,
 ) -> tuple[object, dict[str, StorageRef], int]:
     """Unpickle the pickle at data[start:]: (root, storages, offset after STOP).
 
     Globals it names are added to ``referenced``; what it costs is charged to ``budget`` (the
     file's; by default one for len(data) - start bytes). A malformed pickle, one the reader cannot
     read as torch does, or one over budget is an InputError naming path and what; a truncated one
-    raises ``Truncated`` (callers reading a window may retry).
+    raises ``Truncated`` (callers reading a window may retry). hooks: other semantics than
+    torch.load's (a TorchScript archive's, ``torchscript_hooks``; layout, unknown and referenced
+    are then theirs).
     """
-    hooks = TorchHooks(path, layout, unknown, referenced=referenced)
+    hooks = hooks or TorchHooks(path, layout, unknown, referenced=referenced)
     try:
         budget = budget or PickleBudget(len(data) - start)
         budget.charge(len(data) - start, "the pickle's own bytes (inflated, when compressed)")

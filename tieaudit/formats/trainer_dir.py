@@ -165,7 +165,7 @@ def read_trainer_files(folder: str, files: Sequence[tuple[str, str, str]]) -> Tr
             continue
         stem = _stem(file)
         try:
-            opened = TorchReader().read(path)
+            opened = TorchReader(torchscript=False).read(path)
         except UnwalkedPickle:
             raise  # code cannot be ruled out: never listed as merely not read
         except InputError as exc:

@@ -101,7 +101,7 @@ def convert(source: str, out: str | None, *, dry_run: bool = False) -> ConvertRe
                         "the folder's weights are not (all) pytorch_model*.bin files; nothing to convert",
                         source,
                     )
-            elif ckpt.format != "torch":
+            elif ckpt.format not in ("torch", "torchscript"):
                 raise UnsupportedFormatError(
                     f"is a {ckpt.format} checkpoint; convert reads torch files", source
                 )

@@ -21,6 +21,7 @@ from typing import Any
 from tieaudit.core.errors import UnsafeInputError, UnsupportedFormatError
 from tieaudit.core.escape import printable, quoted
 from tieaudit.core.records import Checkpoint, TensorInfo
+from tieaudit.core.units import plural
 from tieaudit.formats.hf_ties import Spelling
 from tieaudit.formats.tie_table import Answer, resolve, tie_table
 from tieaudit.graph.detect import keep_rank
@@ -80,6 +81,9 @@ class ConvertPlan:
     """Bytes of the input's storages."""
     target: str = "safetensors"
     """What the output is: safetensors, or torch (the reverse: recorded names aliased again)."""
+    omitted: str = ""
+    """What of the input is not written, by design, or empty: a TorchScript archive's code and
+    its objects' non-tensor attributes (every tensor is written or recorded)."""
 
     @property
     def records(self) -> dict[str, str]:
@@ -139,6 +143,19 @@ def refuse_unsafe(ckpt: Checkpoint) -> None:
         )
 
 
+def _script_omitted(ckpt: Checkpoint) -> str:
+    """What convert leaves out of a TorchScript archive (empty for any other input)."""
+    if ckpt.format != "torchscript":
+        return ""
+    named = ", ".join(s.name for s in ckpt.skipped[:3])
+    attributes = plural(ckpt.skipped_total, "non-tensor attribute")
+    listed = f" ({named}{', ...' if ckpt.skipped_total > 3 else ''})" if named else ""
+    return (
+        f"its TorchScript code and {attributes}{listed}: safetensors holds tensors only "
+        "(inspect --format json lists them)"
+    )
+
+
 def _more(count: int) -> str:
     return f" (and {count} more)" if count > 0 else ""
 
@@ -160,7 +177,7 @@ def refuse_unwritable(ckpt: Checkpoint) -> None:
             ckpt.path,
         )
     values = [s for s in ckpt.skipped if s.file and s.file not in beside]
-    if values:
+    if values and ckpt.format != "torchscript":  # a module's attributes, not state-dict entries: omitted
         value = values[0]
         raise UnsupportedFormatError(
             f"{quoted(value.name)} is not a tensor ({printable(value.reason)}){_more(len(values) - 1)}, "
@@ -246,6 +263,7 @@ def make_convert_plan(ckpt: Checkpoint, config: Mapping[str, Any] | None) -> Con
     else:
         note = "a single file has no config.json: kept names are the input-embedding side (retie's rule)"
     return ConvertPlan(
+        omitted=_script_omitted(ckpt),
         path=ckpt.path,
         family=None if family is None else family[0],
         note=note,

@@ -24,6 +24,7 @@ from tieaudit.core.interrupts import SignalGuard, signals_guarded, worker_pool
 from tieaudit.core.records import Format
 from tieaudit.formats import open_checkpoint
 from tieaudit.formats.gguf_heads import RECONVERT
+from tieaudit.formats.torchscript import REEXPORT
 from tieaudit.graph import DEFAULT_MIN_BYTES
 from tieaudit.graph.alias import build_graph
 from tieaudit.repair.interface import Writer
@@ -160,6 +161,13 @@ def retie(
             exc.path = source  # IN as the user typed it, not as resolved
         raise
 
+SCRIPT_REFUSED = (
+    f"retie cannot rewrite TorchScript archives (only torch.jit.save writes them, and tieaudit never "
+    f"runs torch.jit); {REEXPORT}, or convert its tensors to safetensors (tieaudit convert IN "
+    "OUT.safetensors) and retie that"
+)
+"""Why retie refuses a TorchScript archive, and what to do instead."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class _Request:
@@ -186,6 +194,8 @@ def _retie(source: str, out: str, paths: RetiePaths | None, *, request: _Request
         ckpt = opened.checkpoint
         if ckpt.format == "gguf":
             raise UnsupportedFormatError(f"retie does not write GGUF; {RECONVERT}", source)
+        if ckpt.format == "torchscript":
+            raise UnsupportedFormatError(SCRIPT_REFUSED, source)
         if request.named is not None:  # before planning, which may read every byte
             check_out_name(ckpt.format, request.named, force=request.force_format)
         made = make_plan(

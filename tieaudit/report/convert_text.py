@@ -18,6 +18,8 @@ def render_convert(result: ConvertResult) -> str:
             lines.append(f"  file {printable(source)} -> {printable(target)}")
     stored, recorded = plural(len(plan.stored), "tensor"), plural(len(plan.records), "name")
     lines.append(f"  {stored} stored, {recorded} recorded")
+    if plan.omitted:
+        lines.append(f"  not written: {printable(plan.omitted)}")
     for group in plan.shared:
         kept = printable(group.kept)
         lines.append(f"  keep {kept}  ({human_bytes(group.nbytes)}; {printable(group.why)})")

@@ -110,6 +110,8 @@ def report_dict(audit: Audit) -> dict[str, Any]:
             }
             for u in ckpt.unread
         ]
+    if ckpt.notes:
+        report["notes"] = list(ckpt.notes)
     if ckpt.pickle_globals:
         report["pickle_globals"] = [
             {"name": g.name, "verdict": g.verdict, "use": g.use, "file": g.file}

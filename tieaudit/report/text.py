@@ -209,7 +209,8 @@ def render_text(audit: Audit, color: bool = False, width: int = DEFAULT_WIDTH) -
     console.print(laid_out(table, width))
     if hidden:
         console.print(f"{plural(hidden, 'smaller tensor')} not shown; --format json lists every tensor.")
-    for note in config_notes(ckpt) + unread_notes(ckpt) + training_lines(audit.graph):
+    reader_notes = [printable(note) for note in ckpt.notes]
+    for note in reader_notes + config_notes(ckpt) + unread_notes(ckpt) + training_lines(audit.graph):
         console.print(Text(f"note: {note}"), highlight=False, soft_wrap=True)
     if ckpt.pickle_globals:
         console.print(Text(pickle_globals_line(ckpt.pickle_globals)), highlight=False, soft_wrap=True)

@@ -19,6 +19,7 @@ from tieaudit.formats.gguf_heads import RECONVERT
 from tieaudit.formats.hf_cache import in_hub_cache, snapshot_of
 from tieaudit.formats.layer_names import layer_template
 from tieaudit.formats.loaders import loader_rule
+from tieaudit.formats.torchscript import REEXPORT
 from tieaudit.graph.detect import CopyGroup
 from tieaudit.rules.finding import Audited, Finding, Rule
 from tieaudit.rules.gguf_head import quantized_findings
@@ -48,6 +49,8 @@ def _fix(ckpt: Checkpoint, relations: set[str], *, restored: bool, locked: str) 
     tie flag may not be set, which makes the advice to keep them instead)."""
     if ckpt.format == "gguf":
         return advice(RECONVERT)
+    if ckpt.format == "torchscript":  # tieaudit does not write TorchScript
+        return advice(REEXPORT)
     missing = sorted(relations - REPRESENTABLE[ckpt.format])
     if missing:
         return advice(
