@@ -136,11 +136,16 @@ def test_check_audits_the_onnx_export_and_the_variant_beside_the_model(
     assert code == 1, err
     document = json.loads((repo.parent / "r.json").read_text())
     findings = {
-        r["path"]: [(f["rule"], sorted(f["names"]), f["relation"]) for f in r["findings"] if f["rule"] != "TIE012"]
+        r["path"]: [
+            (f["rule"], sorted(f["names"]), f["relation"]) for f in r["findings"] if f["rule"] != "TIE012"
+        ]
         for r in document["reports"]
     }
     across = {  # the one model again, in every other format: each names the file first holding it
-        r["path"]: f["details"]["copy_of"] for r in document["reports"] for f in r["findings"] if f["rule"] == "TIE012"
+        r["path"]: f["details"]["copy_of"]
+        for r in document["reports"]
+        for f in r["findings"]
+        if f["rule"] == "TIE012"
     }
     assert across == {
         "repo/last.ckpt": "repo/model.safetensors",
@@ -163,7 +168,8 @@ def test_check_audits_the_onnx_export_and_the_variant_beside_the_model(
         ],
     }
     wasted = {
-        r["path"]: sum(f["wasted_bytes"] for f in r["findings"] if f["rule"] != "TIE012") for r in document["reports"]
+        r["path"]: sum(f["wasted_bytes"] for f in r["findings"] if f["rule"] != "TIE012")
+        for r in document["reports"]
     }
     assert wasted["repo/model.fp16.safetensors"] == VOCAB * WIDTH * 2  # float16
     assert wasted["repo/onnx/model.onnx"] == VOCAB * WIDTH * 4
