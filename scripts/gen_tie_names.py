@@ -11,11 +11,13 @@ defaults, FIXUPS, layer counts cut to 2 unless the entry says ``sizes: default``
 the config class's default sizes, each combination of the entry's switches (none stated, all false,
 all true) built, with every numbered segment replaced by ``#`` (``model.layers.#.mlp.up_proj.weight``).
 
-- ``disk``: the names ``save_pretrained`` writes: ``_keys_to_ignore_on_save`` removed and
+- ``disk``: the names ``save_pretrained`` writes: ``_keys_to_ignore_on_save`` removed (Marian's
+  sinusoidal positions) and
   transformers' weight conversions reverted (``revert_weight_conversion``, as save_pretrained does;
   meta tensors convert like real ones), tied targets included (an untied save writes them);
 - ``memory``: the in-memory ``state_dict`` names, when they differ (``safetensors.torch.save_file(
-  model.state_dict())`` writes those; Mixtral's fused experts, LLaVA's ``model.language_model``);
+  model.state_dict())`` and ``save_model`` write those; Mixtral's fused experts, LLaVA's
+  ``model.language_model``, Marian's ignored keys);
 - ``optional`` (per spelling): names a file may lack: tie targets under any setting of the
   switches (save_pretrained drops a tied target), and names some builds have and others not
   (other layer counts, other switch values). Every other name is required.
@@ -58,9 +60,9 @@ def built_names(model: Any) -> tuple[set[str], set[str]]:
     from transformers.core_model_loading import revert_weight_conversion
 
     state = model.state_dict()
+    memory = set(state)  # what save_file(model.state_dict()) writes: ignored keys too
     for ignored in getattr(model, "_keys_to_ignore_on_save", None) or ():
         state.pop(ignored, None)
-    memory = set(state)
     with gen.quiet():
         disk = set(revert_weight_conversion(model, dict(state)))
     return disk, memory
