@@ -96,7 +96,7 @@ class _Print:
     required: frozenset[int]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Prints:
     prints: tuple[_Print, ...]
     every: tuple[str, ...]
@@ -146,7 +146,7 @@ def _fingerprints() -> _Prints:
                 optional = _decode(entry[f"{spelling}_optional"])
                 prints.append(_Print(cls=cls, spelling=spelling, names=names, required=names - optional))
     ids = {name: i for i, name in enumerate(every)}
-    return _Prints(tuple(prints), every, ids, str(doc["transformers"]))
+    return _Prints(prints=tuple(prints), every=every, ids=ids, transformers=str(doc["transformers"]))
 
 
 def table_version() -> str:

@@ -95,8 +95,8 @@ def _bare_note(family: Family | None, group: CopyGroup, *, format: Format, resto
             f" {family.none_ties('them')}: equal by construction (deterministic "
             f"initialisation, fixed tables), not a lost tie. {then}"
         )
-    if restored or format != "safetensors":
-        return ""
+    if restored or format != "safetensors" or not any(m.relation == "equal" for m in group.members):
+        return ""  # the loader restores it, or --all-equal does not apply (it re-ties equal copies)
     if family is not None and family.recognised:
         why = family.why_not(group.kept, group.members[0].name)
         return f" Not re-tied by default: {why}; with --all-equal, {LOADER}."
