@@ -9,7 +9,8 @@ names alone (``tieaudit/formats/family.py``). This writes what it compares again
 ``state_dict`` holds, built on the meta device exactly as the table's entry was (config class
 defaults, FIXUPS, layer counts cut to 2 unless the entry says ``sizes: default``) and once more at
 the config class's default sizes, each combination of the entry's switches (none stated, all false,
-all true) built, with every numbered segment replaced by ``#`` (``model.layers.#.mlp.up_proj.weight``).
+all true) built, each numbered segment's number as ``#`` (``model.layers.#.mlp.up_proj.weight``,
+``experts.expert_#.wi.weight``: ``family_names.name_template``).
 
 - ``disk``: the names ``save_pretrained`` writes: ``_keys_to_ignore_on_save`` removed (Marian's
   sinusoidal positions) and
@@ -51,8 +52,10 @@ LEGEND = {
 
 
 def template(name: str) -> str:
-    """name with every numbered segment replaced by ``#`` (tieaudit.formats.layer_names.layer_template)."""
-    return ".".join("#" if part.isdigit() else part for part in name.split("."))
+    """name with each numbered segment's number as ``#``, as tieaudit matches names."""
+    from tieaudit.formats.family_names import name_template
+
+    return name_template(name)
 
 
 def built_names(model: Any) -> tuple[set[str], set[str]]:

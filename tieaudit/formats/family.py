@@ -28,9 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tieaudit.core.records import Checkpoint
-from tieaudit.formats.family_names import Recognition, recognise, table_version, written
+from tieaudit.formats.family_names import Recognition, name_template, recognise, table_version, written
 from tieaudit.formats.hf_ties import Spelling
-from tieaudit.formats.layer_names import layer_template
 from tieaudit.formats.tie_table import TableEntry, tie_table
 
 BARE_FORMATS = ("safetensors", "torch")
@@ -40,7 +39,7 @@ NOT_A_TIE = "equal by construction is not a tie; --all-equal re-ties it"
 """The start of retie's reason for an equal copy the known class does not tie (formats.loaders)."""
 CLOSEST_SHOWN = 0.5
 """A class an unrecognised file's names are this close to is named in messages (JSON: always)."""
-MAX_LISTED = 5
+NAMED_CLASSES = 5
 """Candidate classes named in one message (the JSON report lists every one)."""
 LOADER = (
     "safetensors.torch.load_model(strict=True) loads the output only into a model that shares them, "
@@ -85,8 +84,8 @@ class Family:
         names = self.recognition.classes
         if len(names) == 1:
             return f"the model class {names[0]}"
-        more = len(names) - MAX_LISTED
-        return f"the model classes {', '.join(names[:MAX_LISTED])}" + (
+        more = len(names) - NAMED_CLASSES
+        return f"the model classes {', '.join(names[:NAMED_CLASSES])}" + (
             f" and {more} more" if more > 0 else ""
         )
 
@@ -95,8 +94,13 @@ class Family:
         """How the class was recognised, in a few words."""
         found = self.recognition
         wrapped = f" under the prefix {found.prefix}" if found.prefix else ""
-        if found.confidence == "exact":
-            match = "an exact match" if len(found.candidates) == 1 else "each writes exactly these names"
+        exact = sum(c.share == 1.0 for c in found.candidates)
+        more = len(found.candidates) - exact
+        if found.confidence == "exact" and not more:
+            match = "an exact match" if exact == 1 else f"{exact} classes write exactly these names"
+        elif found.confidence == "exact":
+            verb = "class writes" if exact == 1 else "classes write"
+            match = f"{exact} {verb} exactly these names, {more} more write them all and a few more"
         else:
             match = f"a partial match, {found.share:.0%} of names in common"
         return f"recognised from the tensor names{wrapped}: {match}"
@@ -111,7 +115,7 @@ class Family:
 
     def _templates(self, names: Collection[str]) -> list[str]:
         prefix = self.recognition.prefix
-        return [layer_template(n[len(prefix) :] if prefix and n.startswith(prefix) else n) for n in names]
+        return [name_template(n[len(prefix) :] if prefix and n.startswith(prefix) else n) for n in names]
 
     def ties_some(self, names: Collection[str]) -> bool:
         """Whether some candidate ties two of names under some setting (templates compared)."""
@@ -185,8 +189,8 @@ class Family:
                 "by default only what a {dropped: kept} record names"
             )
         classes = self.named.removeprefix("the model class ").removeprefix("the model classes ")
-        ties = "; ".join(f"{target} = {source}" for target, source in self.pairs[:MAX_LISTED])
-        more = f" and {len(self.pairs) - MAX_LISTED} more" if len(self.pairs) > MAX_LISTED else ""
+        ties = "; ".join(f"{target} = {source}" for target, source in self.pairs[:NAMED_CLASSES])
+        more = f" and {len(self.pairs) - NAMED_CLASSES} more" if len(self.pairs) > NAMED_CLASSES else ""
         tied = f"tied by default: {ties}{more}" if ties else "nothing tied by default"
         unknown = f"; ties not known for every config: {', '.join(self.unknown)}" if self.unknown else ""
         return f"model class: {classes} ({self.how}); {tied}{unknown}"
@@ -224,7 +228,7 @@ def _family(names: frozenset[str]) -> Family:
         for group in entry.raw["groups"]:
             for target, source in group["ties"].items():
                 spelled = spelling.spell((target, source))
-                templates = (layer_template(spelled[0]), layer_template(spelled[1]))
+                templates = (name_template(spelled[0]), name_template(spelled[1]))
                 tied.add(templates)
                 if nothing in group["on"]:
                     mine[frozenset(spelled)] = (prefix + spelled[0], prefix + spelled[1])

@@ -2,8 +2,9 @@
 
 ``tie_names.json`` (package data beside this module, generated offline with the tie table by
 ``scripts/gen_tie_names.py``) holds, for every class of the tie table, the names its ``state_dict``
-holds as ``save_pretrained`` writes them (and as they are in memory, where the two differ), every
-numbered segment written ``#`` (``model.layers.#.mlp.up_proj.weight``), and which of them a file
+holds as ``save_pretrained`` writes them (and as they are in memory, where the two differ), each
+numbered segment's number written ``#`` (``model.layers.#.mlp.up_proj.weight``,
+``experts.expert_#.wi.weight``: ``name_template``), and which of them a file
 may lack (tied targets, which a tied save drops; names only some layer counts or switch values
 build). It is read only when a bare file's class is asked for (first use, cached, size bounded);
 no torch, no transformers.
@@ -18,7 +19,11 @@ prefix that every name carries (``WRAPPER_PREFIXES``). A file saved from a base 
 - partial: no class is exact. A class's share is common / (common + the file's names it does not
   write + the names it always writes that the file lacks); the best share must reach MIN_SHARE,
   and every class within SHARE_MARGIN of it is a candidate.
-- not recognised otherwise: never a guess.
+- either way, a class that writes every name of the file with a share of at least MIN_SHARE is a
+  candidate too: its names may vary with config values the fingerprints were not built with
+  (ELECTRA builds its embedding projection only when the embedding and hidden sizes differ; such a
+  file matches SplinterModel and YosoModel exactly, and ElectraModel only this way).
+- not recognised otherwise: never a guess (a wrong class would apply wrong ties).
 """
 
 from __future__ import annotations
@@ -26,11 +31,10 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import json
+import re
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
-
-from tieaudit.formats.layer_names import layer_template
 
 NAMES_RESOURCE = "tie_names.json"
 NAMES_SCHEMA = "tieaudit.tie-names/1"
@@ -172,10 +176,22 @@ def unwrapped(names: Iterable[str]) -> tuple[str, frozenset[str]]:
     return "", names
 
 
+NUMBERED = re.compile(r"^(?:|.*_)\d+$")
+"""A numbered segment: a list index (``layers.3``) or an attribute numbered like one (``expert_3``)."""
+
+
+def name_template(name: str) -> str:
+    """name with each numbered segment's number as ``#``: ``model.layers.#.mlp.up_proj.weight``,
+    ``experts.expert_#.wi.weight`` (the generator writes the fingerprints the same way)."""
+    return ".".join(
+        part.rstrip("0123456789") + "#" if NUMBERED.match(part) else part for part in name.split(".")
+    )
+
+
 def recognise(stored: Collection[str]) -> Recognition:
     """The classes whose names the stored names match (see the module's docstring)."""
     prefix, names = unwrapped(stored)
-    templates = frozenset(layer_template(n) for n in names)
+    templates = frozenset(name_template(n) for n in names)
     found = _recognised(templates)
     return Recognition(
         candidates=found[0], confidence=found[1], prefix=prefix, names=len(templates), closest=found[2]
@@ -186,25 +202,32 @@ def recognise(stored: Collection[str]) -> Recognition:
 def _recognised(templates: frozenset[str]) -> tuple[tuple[Candidate, ...], Confidence, Candidate | None]:
     data = _fingerprints()
     known = frozenset(data.ids[t] for t in templates if t in data.ids)
-    best: dict[str, tuple[bool, float, bool, Spelling]] = {}
+    best: dict[str, tuple[bool, float, bool, bool, Spelling]] = {}
     for found in data.prints:
         shared = len(known & found.names)
         if not shared:
             continue
         extra, missing = len(templates) - shared, len(found.required - known)
-        key = (extra == 0 and missing == 0, shared / (shared + extra + missing), found.spelling == "disk")
+        share = shared / (shared + extra + missing)
+        key = (extra == 0 and missing == 0, share, extra == 0, found.spelling == "disk")
         previous = best.get(found.cls)
-        if previous is None or key > previous[:3]:
+        if previous is None or key > previous[:4]:
             best[found.cls] = (*key, found.spelling)
     ranked = sorted(best.items(), key=lambda item: (-item[1][0], -item[1][1], item[0]))
     if not ranked:
         return (), "none", None
-    exact = [Candidate(name, k[3], 1.0) for name, k in ranked if k[0]]
+    # A class that writes every name of the file, lacking only a few it would always write, may
+    # be the right one built with other config values (ELECTRA without its embedding projection):
+    # a candidate too, beside exact matches, so that nothing is applied it does not agree with.
+    supersets = [
+        Candidate(name, k[4], round(k[1], 4)) for name, k in ranked if not k[0] and k[2] and k[1] >= MIN_SHARE
+    ]
+    exact = [Candidate(name, k[4], 1.0) for name, k in ranked if k[0]]
     if exact:
-        return tuple(exact), "exact", None
+        return (*exact, *supersets), "exact", None
     top = ranked[0][1][1]
     if top < MIN_SHARE:
         name, k = ranked[0]
-        return (), "none", Candidate(name, k[3], round(k[1], 4))
-    near = [Candidate(name, k[3], round(k[1], 4)) for name, k in ranked if k[1] >= top - SHARE_MARGIN]
-    return tuple(near), "partial", None
+        return (), "none", Candidate(name, k[4], round(k[1], 4))
+    near = [Candidate(name, k[4], round(k[1], 4)) for name, k in ranked if k[1] >= top - SHARE_MARGIN]
+    return (*near, *(c for c in supersets if c not in near)), "partial", None
