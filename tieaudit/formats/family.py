@@ -204,7 +204,7 @@ def bare_family(ckpt: Checkpoint) -> Family | None:
     return _family(names)
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=2)  # one checkpoint is asked several times in a row; names may be many
 def _family(names: frozenset[str]) -> Family:
     found = recognise(names)
     table = tie_table()

@@ -198,7 +198,7 @@ def recognise(stored: Collection[str]) -> Recognition:
     )
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=2)  # one checkpoint is asked several times in a row; names may be many
 def _recognised(templates: frozenset[str]) -> tuple[tuple[Candidate, ...], Confidence, Candidate | None]:
     data = _fingerprints()
     known = frozenset(data.ids[t] for t in templates if t in data.ids)
