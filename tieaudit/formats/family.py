@@ -74,6 +74,11 @@ class Family:
         """``pairs`` as unordered pairs."""
         return frozenset(frozenset(pair) for pair in self.pairs)
 
+    def accepts_any(self, names: Collection[str]) -> bool:
+        """Whether two of names are a pair every candidate ties by default (``pairs``)."""
+        present = set(names)
+        return any(target in present and source in present for target, source in self.pairs)
+
     @property
     def recognised(self) -> bool:
         return bool(self.recognition.candidates)
@@ -112,6 +117,12 @@ class Family:
         else:
             said = f"none of {self.named} ({self.how}) ties {what}"
         return said[0].upper() + said[1:] if start else said
+
+    def all_tie(self, what: str) -> str:
+        """"The model class X (how) ties {what} by default", or its plural, capitalised."""
+        if len(self.recognition.candidates) == 1:
+            return f"The model class {self.recognition.classes[0]} ({self.how}) ties {what} by default"
+        return f"Each of {self.named} ({self.how}) ties {what} by default"
 
     def _templates(self, names: Collection[str]) -> list[str]:
         prefix = self.recognition.prefix

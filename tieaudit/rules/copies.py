@@ -95,6 +95,11 @@ def _bare_note(family: Family | None, group: CopyGroup, *, format: Format, resto
             f" {family.none_ties('them')}: equal by construction (deterministic "
             f"initialisation, fixed tables), not a lost tie. {then}"
         )
+    if family is not None and format == "safetensors" and family.accepts_any(group.names):
+        return (
+            f" {family.all_tie('them')}: retie re-ties them, and safetensors.torch.load_model restores "
+            "the dropped name into the class built from its config."
+        )
     if restored or format != "safetensors" or not any(m.relation == "equal" for m in group.members):
         return ""  # the loader restores it, or --all-equal does not apply (it re-ties equal copies)
     if family is not None and family.recognised:
