@@ -2,6 +2,7 @@
 
     make tie-table                       # every class, two worker processes
     .venv/bin/python scripts/gen_tie_table.py [--jobs N] [--only NAME ...] [--output PATH]
+    .venv/bin/python scripts/gen_tie_table.py --names-only [--jobs N]   # tie_names.json only
 
 tieaudit never builds a model to learn what a config.json ties: it looks the class named in
 ``architectures`` up in ``tieaudit/formats/tie_table.json``, which this script writes. For every
@@ -22,6 +23,10 @@ and the table says so), and records:
   ``submodels``, ``assumes``), so that a config stating something else is not resolved from here;
 - input and output embedding parameter names, and the names ``save_pretrained`` writes for every
   name recorded (transformers 5's key-conversion map, reverted as when saving).
+
+The same run then writes ``tieaudit/formats/tie_names.json`` (``scripts/gen_tie_names.py``): the
+tensor names every class of the new table writes, from which tieaudit recognises the class of a
+bare checkpoint file; ``--names-only`` writes just that file from the committed table.
 
 Classes that cannot be built are listed under ``failed`` with the reason. The output is
 deterministic (sorted; one class per line). Nothing here runs at audit time; the test
@@ -1006,8 +1011,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", help="just these classes (to inspect; not for committing)")
     parser.add_argument("--output", type=Path, default=TABLE)
     parser.add_argument("--check", action="store_true", help="compare the committed table instead of writing")
+    parser.add_argument(
+        "--names-only",
+        action="store_true",
+        help="write only the tensor-name fingerprints of the committed table's classes (gen_tie_names.py)",
+    )
+    parser.add_argument("--names-output", type=Path, default=None, help="the fingerprints' file")
     args = parser.parse_args(argv)
     isolate_hub()  # before any worker starts: they inherit it
+    import gen_tie_names  # the fingerprints: written in the same run as the table, or alone
+
+    names = args.names_output or gen_tie_names.NAMES
+    if args.names_only:
+        return gen_tie_names.write(args.jobs, args.only, output=names, table_path=args.output)
     if args.check:
         classes = json.loads(args.output.read_text())["classes"]
         with ProcessPoolExecutor(args.jobs) as pool:
@@ -1023,6 +1039,8 @@ def main(argv: list[str] | None = None) -> int:
         f"(transformers {document['transformers']})",
         file=sys.stderr,
     )
+    if not args.only:  # the names file covers the whole table, as the table does
+        return gen_tie_names.write(args.jobs, None, output=names, table_path=args.output)
     return 0
 
 

@@ -38,6 +38,7 @@ FIXTURE_NAMES = [
     "st_untied_lm",
     "st_transposed_copy",
     "st_cast_copy",
+    "st_gpt2_cloned_head",
     "hf_gpt2",
     "hf_llama_tied",
     "hf_llama_untied",

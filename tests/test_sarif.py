@@ -74,7 +74,10 @@ def test_a_small_report_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
             "level": "warning",
             "message": {
                 "text": "head holds the same bytes as emb in separate storage (8.0 KiB wasted): values that "
-                "are equal are not a tie; each copy trains and loads as its own parameter. "
+                "are equal are not a tie; each copy trains and loads as its own parameter. No model class is "
+                "recognised from the tensor names, so nothing says the model ties them: with --all-equal, "
+                "safetensors.torch.load_model(strict=True) loads the output only into a model that shares "
+                "them, and from_pretrained restores a dropped name only through the model class's ties. "
                 "Fix: tieaudit retie models/m.safetensors models/m-retied.safetensors --all-equal"
             },
             "locations": [{"physicalLocation": {"artifactLocation": artifact}}],

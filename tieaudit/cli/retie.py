@@ -42,7 +42,8 @@ def _relations(value: str | None) -> frozenset[str] | None:
     "--all-equal",
     is_flag=True,
     help="Also re-tie equal copies the format's loader does not restore by itself (safetensors "
-    "files: pairs no {dropped: kept} record names; folders: pairs the model class does not tie). "
+    "files: pairs no {dropped: kept} record names and the class recognised from the tensor names "
+    "does not tie by default; folders: pairs the model class does not tie). "
     "The plan prints each consequence. --relations alone never does this.",
 )
 @click.option(
@@ -84,8 +85,9 @@ def retie(
     \b
     By default the output is what the format's usual loader accepts:
     - safetensors file: an equal copy is re-tied only when a {dropped: kept} record
-      already names the pair (safetensors.torch.load_model restores a name only when
-      the live model shares it, and ignores records).
+      already names the pair, or the model class recognised from the tensor names
+      ties it by default (safetensors.torch.load_model restores a name only when the
+      live model shares it, and ignores records).
     - Hugging Face folder: only pairs the model class ties (from_pretrained restores
       nothing else), plus the class's other pairs that setting tie_word_embeddings
       ties, when their stored bytes are equal (a masked-LM head's bias).

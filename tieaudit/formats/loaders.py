@@ -3,11 +3,14 @@
 A dropped name comes back only through something the loader acts on.
 ``safetensors.torch.load_model`` never reads ``{dropped: kept}`` records: it restores a name only
 when the live model shares it with a stored one, so in a safetensors file (or a folder without
-config.json) only a pair such a record already names is re-tied by default: the record says the
-model that wrote it shares them. ``from_pretrained`` restores a name only through the model
-class's ties (the tie table, with ``tie_word_embeddings`` set), so in a model folder only those; in a
-folder of ``pytorch_model.bin`` files the dropped name stays as a view, but ``from_pretrained``
-then loads the two names as one tensor, so the same pairs are the default there.
+config.json) a pair such a record already names is re-tied by default: the record says the
+model that wrote it shares them; so is, in a file, a pair the model class recognised from the
+tensor names (``formats.family``) ties with its config class's defaults: the class built from its
+config shares them. Which pairs are left, and why, then depends on the pair (``explain``).
+``from_pretrained`` restores a name only through the model class's ties (the tie table, with
+``tie_word_embeddings`` set), so in a model folder only those; in a folder of
+``pytorch_model.bin`` files the dropped name stays as a view, but ``from_pretrained`` then loads
+the two names as one tensor, so the same pairs are the default there.
 Equal tensors nobody ties (deterministic initialisation such as Mamba's ``A_log`` in every layer,
 sinusoidal position tables in encoder and decoder, shared experts) are left unless --all-equal
 asks for them, with the consequence printed. ``torch.load`` restores every view and ONNX consumers
@@ -24,7 +27,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,16 +36,19 @@ from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.components import Components
 from tieaudit.core.errors import UsageError
 from tieaudit.core.records import Checkpoint, TensorInfo
+from tieaudit.formats.family import LOADER, NOT_A_TIE, bare_family
 from tieaudit.formats.hf.layouts import Adapter, adapter_beside, base_ties
 from tieaudit.graph.compare import BLOCK_BYTES, BlockComparer, equal_bytes, iter_blocks
 
-NOT_A_TIE = "equal by construction is not a tie; --all-equal re-ties it"
-"""The start of the reason for every equal copy the loader would not restore."""
+__all__ = ["NOT_A_TIE", "LoaderRule", "flag_companions", "loader_rule", "max_difference"]
+
 _UNKNOWN_CLASS = (
     "tieaudit's tie table does not give every tie of the class config.json names (an unknown class, "
     "or layer counts other than the table's)"
 )
 """Said instead of "the class does not tie these two" when the table gives the class no pair."""
+NOT_DEFAULT = "not re-tied by default"
+"""The start of the reason for an equal copy left when nothing says whether the model ties it."""
 _RECORD_KINDS = frozenset({"metadata", "index"})
 """Who declares a recorded pair: a ``{dropped: kept}`` record in ``__metadata__`` or the index."""
 
@@ -66,6 +72,13 @@ class LoaderRule:
     ties_on_load: frozenset[frozenset[str]] = frozenset()
     """Pairs stored twice that the loader ties when loading (a PEFT adapter made with
     ensure_weight_tying): a copy there is the format's, not a lost tie."""
+    explain: Callable[[str, str], str] | None = None
+    """Why one pair is left, where that depends on the pair (a bare file's recognised class);
+    None: ``why_left`` for every pair."""
+
+    def left_because(self, kept: str, dropped: str) -> str:
+        """Why the equal copy dropped of kept is left by default."""
+        return self.why_left if self.explain is None else self.explain(kept, dropped)
 
     @functools.cached_property
     def _joined(self) -> Components:
@@ -122,18 +135,7 @@ def loader_rule(ckpt: Checkpoint) -> LoaderRule | None:
 
         config, _ = read_config(ckpt.path)
     if config is None:
-        recorded = frozenset(
-            frozenset((t.dropped, t.kept)) for t in ckpt.declared_ties if t.declared_by in _RECORD_KINDS
-        )
-        return LoaderRule(
-            accepted=recorded,
-            class_pairs=(),
-            declared=(),
-            why_left=f"{NOT_A_TIE} (safetensors.torch.load_model restores a name only when the live model "
-            "shares it, and no {dropped: kept} record in the file says the model shares these two)",
-            consequence="safetensors.torch.load_model(strict=True) will refuse this file unless the model "
-            "shares these tensors ({name} is not stored)",
-        )
+        return _file_rule(ckpt)
     from tieaudit.formats.hf_dir import torch_weights
     from tieaudit.formats.hf_ties import class_pairs, flag_read_by
 
@@ -141,9 +143,10 @@ def loader_rule(ckpt: Checkpoint) -> LoaderRule | None:
     declared = tuple(sorted((t.dropped, t.kept) for t in ckpt.declared_ties if t.declared_by == "config"))
     known = ckpt.config is not None and ckpt.config.class_ties is not None
     unties = "the class does not tie these two" if pairs and known else _UNKNOWN_CLASS
+    start = NOT_A_TIE if pairs and known else f"{NOT_DEFAULT}; --all-equal re-ties it"
     if torch_weights(ckpt.files):  # the name stays in the .bin as a view of the kept storage
         why = (
-            f"{NOT_A_TIE} (from_pretrained loads names that share storage in a pytorch_model.bin as "
+            f"{start} (from_pretrained loads names that share storage in a pytorch_model.bin as "
             f"one tensor, and {unties}: the two would train as one)"
         )
         consequence = (
@@ -152,7 +155,7 @@ def loader_rule(ckpt: Checkpoint) -> LoaderRule | None:
         )
     else:
         why = (
-            f"{NOT_A_TIE} (from_pretrained restores a dropped name only through the model class's "
+            f"{start} (from_pretrained restores a dropped name only through the model class's "
             f"own ties, and {unties}: the copy would come back randomly initialised)"
         )
         consequence = "from_pretrained will initialise {name} randomly: the model class does not tie it"
@@ -177,6 +180,42 @@ def loader_rule(ckpt: Checkpoint) -> LoaderRule | None:
         class_pairs=pairs,
         declared=declared,
         why_left=why,
+        consequence=consequence,
+    )
+
+
+def _file_rule(ckpt: Checkpoint) -> LoaderRule:
+    """A safetensors file, or a folder without config.json: the pairs a {dropped: kept} record
+    names, and for a file, those its class (recognised from the names) ties by default."""
+    recorded = frozenset(
+        frozenset((t.dropped, t.kept)) for t in ckpt.declared_ties if t.declared_by in _RECORD_KINDS
+    )
+    family = bare_family(ckpt)
+    consequence = (
+        "safetensors.torch.load_model(strict=True) will refuse this file unless the model "
+        "shares these tensors ({name} is not stored)"
+    )
+    if family is not None and family.recognised:
+        return LoaderRule(
+            accepted=recorded | family.accepted,
+            class_pairs=family.pairs,
+            declared=family.pairs,  # tied with nothing stated: no flag to set (there is no config)
+            why_left=f"{NOT_DEFAULT}: not tied by default by {family.named} ({family.how}); "
+            "--all-equal re-ties it",
+            consequence=consequence,
+            explain=lambda kept, dropped: family.left_because(kept, dropped),
+        )
+    unrecognised = (
+        f"no model class is recognised from the tensor names{family.closest_text()}"
+        if family
+        else "no config.json"
+    )
+    return LoaderRule(
+        accepted=recorded,
+        class_pairs=(),
+        declared=(),
+        why_left=f"{NOT_DEFAULT}: {unrecognised} and no {{dropped: kept}} record in the file names "
+        f"these two; --all-equal re-ties it (then {LOADER})",
         consequence=consequence,
     )
 

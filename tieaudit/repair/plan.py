@@ -179,7 +179,7 @@ def _decide(
         if options.all_equal:
             consequence = rule.consequence_for(member.name)
         else:
-            reason = rule.why_left
+            reason = rule.left_because(group.kept, member.name)
     return Decision(
         kept=group.kept,
         dropped=member.name,

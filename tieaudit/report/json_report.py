@@ -8,6 +8,7 @@ from typing import Any
 from tieaudit.audit import Audit
 from tieaudit.core.records import Consumer
 from tieaudit.core.version import __version__
+from tieaudit.formats.family import bare_family
 from tieaudit.report.training import training_dict
 from tieaudit.rules.finding import Finding
 
@@ -126,6 +127,9 @@ def report_dict(audit: Audit) -> dict[str, Any]:
             "vocab_size": config.vocab_size,
             "tokenizer_vocab_size": config.tokenizer_vocab_size,
         }
+    family = bare_family(ckpt)  # a bare file: the class its names match (no config.json names one)
+    if family is not None:
+        report["family"] = family.as_dict()
     if ckpt.consumers:
         report["consumers"] = {
             name: [consumer_dict(c) for c in uses] for name, uses in ckpt.consumers.items()

@@ -13,6 +13,7 @@ from tieaudit.audit import Audit
 from tieaudit.core.escape import printable, unforgeable_lines
 from tieaudit.core.records import Checkpoint, Consumer, PickleGlobal
 from tieaudit.core.units import human_bytes, plural
+from tieaudit.formats.family import bare_family
 from tieaudit.formats.hf_ties import CONFIG
 from tieaudit.formats.pickle_globals import VERDICTS
 from tieaudit.gate.check import CheckResult
@@ -46,6 +47,12 @@ def config_notes(ckpt: Checkpoint) -> list[str]:
     """What config.json's tie resolution left open (a class the table does not hold, layer counts
     other than the table's), one line each, escaped."""
     return [printable(f"{s.name}: {s.reason}") for s in ckpt.skipped if s.name.startswith(CONFIG + ":")]
+
+
+def family_notes(ckpt: Checkpoint) -> list[str]:
+    """A bare file's model class, recognised from its names (or not), in one line, escaped."""
+    family = bare_family(ckpt)
+    return [] if family is None else [printable(family.describe())]
 
 
 def unread_notes(ckpt: Checkpoint) -> list[str]:
@@ -210,7 +217,13 @@ def render_text(audit: Audit, color: bool = False, width: int = DEFAULT_WIDTH) -
     if hidden:
         console.print(f"{plural(hidden, 'smaller tensor')} not shown; --format json lists every tensor.")
     reader_notes = [printable(note) for note in ckpt.notes]
-    for note in reader_notes + config_notes(ckpt) + unread_notes(ckpt) + training_lines(audit.graph):
+    for note in (
+        reader_notes
+        + family_notes(ckpt)
+        + config_notes(ckpt)
+        + unread_notes(ckpt)
+        + training_lines(audit.graph)
+    ):
         console.print(Text(f"note: {note}"), highlight=False, soft_wrap=True)
     if ckpt.pickle_globals:
         console.print(Text(pickle_globals_line(ckpt.pickle_globals)), highlight=False, soft_wrap=True)

@@ -15,6 +15,7 @@ from tieaudit.core.records import Checkpoint, Format
 from tieaudit.core.shell import Advice, advice, tieaudit_command
 from tieaudit.core.units import human_bytes
 from tieaudit.formats.capabilities import DEFAULT_RELATIONS, REPRESENTABLE, retied_name
+from tieaudit.formats.family import LOADER, Family, bare_family
 from tieaudit.formats.gguf_heads import RECONVERT
 from tieaudit.formats.hf_cache import in_hub_cache, snapshot_of
 from tieaudit.formats.layer_names import layer_template
@@ -122,6 +123,37 @@ def _storage_note(group: CopyGroup) -> str:
     )
 
 
+def _bare_note(family: Family | None, group: CopyGroup, *, format: Format, restored: bool) -> str:
+    """What a bare file's class (recognised from its names, or not) says of a copy group."""
+    if family is not None and family.by_construction(group.names):
+        then = (
+            "retie stores them once all the same: torch.load gives a dropped name back as a view, and "
+            "load_state_dict copies it into each parameter."
+            if format == "torch"
+            else "retie leaves them; with --all-equal it drops all but one, which "
+            "safetensors.torch.load_model(strict=True) then refuses to load into the class."
+        )
+        return (
+            f" {family.none_ties('them')}: equal by construction (deterministic "
+            f"initialisation, fixed tables), not a lost tie. {then}"
+        )
+    if family is not None and format == "safetensors" and family.accepts_any(group.names):
+        return (
+            f" {family.all_tie('them')}: retie re-ties them, and safetensors.torch.load_model restores "
+            "the dropped name into the class built from its config."
+        )
+    if restored or format != "safetensors" or not any(m.relation == "equal" for m in group.members):
+        return ""  # the loader restores it, or --all-equal does not apply (it re-ties equal copies)
+    if family is not None and family.recognised:
+        why = family.why_not(group.kept, group.members[0].name)
+        return f" Not re-tied by default: {why}; with --all-equal, {LOADER}."
+    near = family.closest_text() if family is not None else ""
+    return (
+        f" No model class is recognised from the tensor names{near}, so nothing says the model ties them: "
+        f"with --all-equal, {LOADER}."
+    )
+
+
 def copy_findings(audited: Audited) -> Iterator[Finding]:
     """TIE001: one finding per copy group (names viewing one storage are views, never copies); its
     wasted bytes are the storages a rewrite would no longer write, each counted once. A group the
@@ -133,6 +165,7 @@ def copy_findings(audited: Audited) -> Iterator[Finding]:
     component = Components(class_ties).numbered() if class_ties is not None else None
     templates = ckpt.config.layer_templates if ckpt.config is not None else None
     rule = loader_rule(ckpt) if groups else None  # retie's default, to say when it needs --all-equal
+    family = bare_family(ckpt) if groups else None  # a bare file's class, from its names
     for group in groups:
         relation = group_relation(group)
         parts = []
@@ -159,6 +192,9 @@ def copy_findings(audited: Audited) -> Iterator[Finding]:
             note = ""
         on_load = rule is not None and any(pair <= frozenset(group.names) for pair in rule.ties_on_load)
         restored = rule is None or rule.accepts_any(group.names)
+        if ckpt.config is None and not note:
+            note = _bare_note(family, group, format=ckpt.format, restored=restored)
+            by_construction = family is not None and family.by_construction(group.names)
         locked = rule.flag_locked if rule is not None else ""
         nothing_saved = all(m.stays for m in group.members)
         if on_load:
