@@ -224,7 +224,7 @@ def render_text(audit: Audit, color: bool = False, width: int = DEFAULT_WIDTH) -
         + unread_notes(ckpt)
         + training_lines(audit.graph)
     ):
-        console.print(Text(f"note: {note}"), highlight=False, soft_wrap=True)
+        console.print(Text(f"note: {note}", overflow="fold"), highlight=False)  # prose: fits the width
     if ckpt.pickle_globals:
         console.print(Text(pickle_globals_line(ckpt.pickle_globals)), highlight=False, soft_wrap=True)
     if ckpt.skipped:
