@@ -39,6 +39,8 @@ from typing import Any
 
 import gen_tie_table as gen
 
+from tieaudit.formats.family_names import front_decoded
+
 NAMES = gen.ROOT / "tieaudit" / "formats" / "tie_names.json"
 SCHEMA = "tieaudit.tie-names/1"
 COMMAND = "make tie-table  (.venv/bin/python scripts/gen_tie_table.py --names-only --jobs 2)"
@@ -175,16 +177,6 @@ def front_coded(names: Sequence[str]) -> list[str | list[int | str]]:
         coded.append([shared, name[shared:]] if shared else name)
         previous = name
     return coded
-
-
-def front_decoded(coded: Sequence[Any]) -> list[str]:
-    """front_coded's inverse (tieaudit.formats.family_names reads it the same way)."""
-    names: list[str] = []
-    previous = ""
-    for item in coded:
-        previous = item if isinstance(item, str) else previous[: item[0]] + item[1]
-        names.append(previous)
-    return names
 
 
 def document(names: Mapping[str, Mapping[str, list[str]]], failed: Mapping[str, str]) -> dict[str, Any]:

@@ -135,14 +135,11 @@ def test_a_config_naming_an_architecture_without_weights_is_one_error_everywhere
     assert error["path"].rstrip("/").endswith("empty") and "no weights found" in error["reason"]
 
 
-def test_a_diffusers_pipeline_with_a_variant_beside_passes(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    import torch
-    from diffusers import DDPMPipeline, DDPMScheduler, UNet2DModel
+def _tiny_unet() -> Any:
+    """A diffusers UNet2DModel small enough to build and save in a blink."""
+    from diffusers import UNet2DModel
 
-    torch.manual_seed(0)
-    unet = UNet2DModel(
+    return UNet2DModel(
         sample_size=8,
         layers_per_block=1,
         block_out_channels=(8, 16),
@@ -150,6 +147,16 @@ def test_a_diffusers_pipeline_with_a_variant_beside_passes(
         up_block_types=("UpBlock2D", "UpBlock2D"),
         norm_num_groups=4,
     )
+
+
+def test_a_diffusers_pipeline_with_a_variant_beside_passes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+    from diffusers import DDPMPipeline, DDPMScheduler
+
+    torch.manual_seed(0)
+    unet = _tiny_unet()
     pipeline: Any = DDPMPipeline(unet=unet, scheduler=DDPMScheduler())
     pipeline.save_pretrained(tmp_path / "pipe")
     pipeline.unet.to(torch.float16)
@@ -420,16 +427,7 @@ def test_a_missing_shard_is_one_error_for_the_model_not_its_shards_audited_alone
 def test_a_diffusers_model_saved_alone_is_named_as_such(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from diffusers import UNet2DModel
-
-    unet: Any = UNet2DModel(
-        sample_size=8,
-        layers_per_block=1,
-        block_out_channels=(8, 16),
-        down_block_types=("DownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "UpBlock2D"),
-        norm_num_groups=4,
-    )
+    unet = _tiny_unet()
     unet.save_pretrained(tmp_path / "unet")
     assert main(["inspect", str(tmp_path / "unet"), "--format", "json", "-o", str(tmp_path / "i.json")]) == 0
     notes = json.loads((tmp_path / "i.json").read_text())["skipped"]

@@ -32,7 +32,7 @@ import functools
 import importlib.resources
 import json
 import re
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -110,7 +110,7 @@ class _Prints:
     transformers: str
 
 
-def _front_decoded(coded: list[Any]) -> list[str]:
+def front_decoded(coded: Sequence[Any]) -> list[str]:
     """The sorted names, each stored as [characters shared with the previous one, the rest]."""
     names: list[str] = []
     previous = ""
@@ -140,7 +140,7 @@ def _fingerprints() -> _Prints:
     doc: dict[str, Any] = json.loads(raw)
     if not isinstance(doc, dict) or doc.get("schema") != NAMES_SCHEMA:
         raise RuntimeError(f"tieaudit's {NAMES_RESOURCE} is not a {NAMES_SCHEMA} file")
-    every = tuple(_front_decoded(doc["names"]))
+    every = tuple(front_decoded(doc["names"]))
     prints: list[_Print] = []
     spellings: tuple[Spelling, ...] = ("disk", "memory")
     for cls, entry in sorted(doc["classes"].items()):
