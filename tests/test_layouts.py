@@ -503,3 +503,40 @@ def test_a_variant_index_left_without_its_shards_is_an_error(
     code, _, err = check([str(tmp_path / "stale")], capsys)
     assert code == 2 and "model.safetensors.index.fp16.json: lists 'model.fp16-" in err
     assert "from_pretrained with this variant fails" in err
+
+
+def test_a_sharded_variant_beside_the_plain_weights_is_one_checkpoint_named_by_its_index(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.chdir(tmp_path)
+    model = _llama_with_a_cloned_head()
+    model.save_pretrained("both", max_shard_size="8KB")
+    model.half().save_pretrained("both", max_shard_size="8KB", variant="fp16")
+    index = "both/model.safetensors.index.fp16.json"
+    weight_map = json.loads(Path(index).read_text())["weight_map"]
+    assert weight_map["lm_head.weight"] != weight_map["model.embed_tokens.weight"]  # in two shards
+    capsys.readouterr()
+    code, out, _ = check(["both"], capsys)
+    assert code == 1 and "TIE012" not in out  # not a copy across files: one checkpoint's copy
+    assert re.search(rf"^FAIL {re.escape(index)} ", out, re.M)
+    assert not re.search(r"^(ok|FAIL) +both/model[.-]\S*-of-", out, re.M)  # no shard audited alone
+    _, document = report(Path("both"), tmp_path, capsys)
+    assert [r["path"] for r in document["reports"]] == ["both", index]
+    assert [f["rule"] for f in document["reports"][1]["findings"]] == ["TIE001"]
+    verdicts = {f["path"]: (f["verdict"], f["target"]) for f in document["files"]}
+    assert verdicts[index] == ("audited", index) and verdicts["both/config.json"] == ("covered", "both")
+    assert {verdicts[f"both/{shard}"] for shard in weight_map.values()} == {("covered", index)}
+    assert counts_agree(Path("both"), tmp_path, capsys) == 0
+    fixes = [line.split("fix: ", 1)[1] for line in out.splitlines() if "fix: " in line]
+    assert fixes[1] == f"tieaudit retie {index} both-fp16-retied"
+    assert main(shlex.split(fixes[1])[1:]) == 0  # the printed fix, as printed
+    assert not any(
+        p.name.startswith("model-0") for p in Path("both-fp16-retied").iterdir()
+    )  # the variant only
+    reloaded = AutoModelForCausalLM.from_pretrained("both-fp16-retied", variant="fp16")
+    assert reloaded.lm_head.weight.data_ptr() == reloaded.model.embed_tokens.weight.data_ptr()
+    assert check(["both-fp16-retied"], capsys)[0] == 0
+    assert main(["retie", index, "--in-place"]) == 2  # an index names a weight set, not a file to replace
+    assert "write the re-tied model folder to OUT" in capsys.readouterr().err

@@ -11,11 +11,13 @@ import fnmatch
 import os
 
 from tieaudit.core.errors import InputError
+from tieaudit.formats.hf.variants import beside_weights
 from tieaudit.formats.hf_dir import (
     DIFFUSERS_INDEX,
     READ_BESIDE_WEIGHTS,
     SAFE_INDEX,
     TORCH_INDEX,
+    WeightSet,
     find_weights,
     load_json,
 )
@@ -58,3 +60,36 @@ def covered_files(folder: str) -> frozenset[str]:
     # A TorchScript archive the folder's reader refuses (transformers cannot load it) is audited on
     # its own as well, as anywhere else: its report is not hidden behind the folder's.
     return frozenset(n for n in covered if not is_torchscript_file(os.path.join(folder, n)))
+
+
+def not_copied(folder: str, weights: WeightSet, *, alone: bool) -> set[str]:
+    """The folder's files a writer of these weights does not copy: their own (it rewrites them) and,
+    when they are one weight set named by its index (alone: a variant), the folder's other weight
+    sets, whose output is not theirs."""
+    skip = {*weights.files, *([weights.index] if weights.index else [])}
+    if alone:
+        others = set(beside_weights(folder, weights.index))
+        try:
+            plain = find_weights(folder)
+            skip.update(plain.files)
+            others.update([plain.index] if plain.index else [])
+        except InputError:
+            pass
+        skip.update(others | _listed_shards(folder, others))
+    return skip
+
+
+def variant_sets(folder: str) -> list[tuple[str, frozenset[str]]]:
+    """Each shard index beside the weights the folder's reader reads (a variant), with the shards it
+    lists: a checkpoint of its own. One listing a missing shard is not one (``loader_gaps`` makes it
+    the folder's error)."""
+    try:
+        chosen = find_weights(folder).index
+    except InputError:
+        return []
+    found = []
+    for index in beside_weights(folder, chosen):
+        shards = _listed_shards(folder, {index})
+        if shards and all(os.path.isfile(os.path.join(folder, s)) for s in shards):
+            found.append((index, frozenset(shards)))
+    return found

@@ -8,17 +8,20 @@ import os
 from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.records import Checkpoint, Skipped
 from tieaudit.formats.hf.layouts import folder_part
+from tieaudit.formats.hf.variants import index_target
 from tieaudit.formats.hf_dir import (
     ADAPTER_CONFIG,
     TOKENIZER,
     TORCH_SINGLE,
     FilePart,
+    WeightSet,
     byte_store,
     check_weight_map,
     confined_path,
     find_weights,
     gather_declarations,
     read_config,
+    read_index,
     read_part,
     read_tokenizer,
 )
@@ -27,18 +30,27 @@ from tieaudit.formats.interface import Reader
 from tieaudit.formats.trainer_dir import read_trainer_folder
 
 
+def weights_at(path: str) -> tuple[str, WeightSet]:
+    """The model folder a checkpoint path reads and its weights: a folder's as ``find_weights``
+    chooses them, or those a shard index file lists (a variant beside the plain weights)."""
+    if index_target(path):
+        folder = os.path.dirname(path) or os.curdir
+        return folder, read_index(folder, os.path.basename(path))
+    return path, find_weights(path)
+
+
 class HfDirReader(Reader):
-    """Hugging Face model folders (``save_pretrained`` output, hub snapshots)."""
+    """Hugging Face model folders (``save_pretrained`` output, hub snapshots), or one weight set of
+    a folder named by its shard index file."""
 
     format = "hf-dir"
 
     def sniff(self, path: str, head: bytes) -> bool:
-        return os.path.isdir(path)
+        return os.path.isdir(path) or index_target(path)
 
     def read(self, path: str) -> OpenCheckpoint:
-        folder = path
+        folder, weights = weights_at(path)
         config, config_files = read_config(folder)
-        weights = find_weights(folder)
         parts = [read_part(folder, file, len(weights.files) > 1) for file in weights.files]
         check_weight_map(weights, parts, folder)
         model = tuple(t for part in parts for t in part.tensors)

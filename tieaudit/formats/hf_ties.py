@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from tieaudit.core.errors import InputError
 from tieaudit.core.records import Checkpoint, DeclaredTie, ModelConfig, Skipped, VocabRoles
+from tieaudit.formats.hf.variants import weights_folder
 from tieaudit.formats.layer_names import layer_template
 from tieaudit.formats.tie_table import (
     TIE_FLAG,
@@ -378,5 +379,7 @@ def with_flag(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def class_pairs(ckpt: Checkpoint, config: Mapping[str, Any]) -> set[tuple[str, str]]:
     """``(target, source)`` pairs the model class ties when the flag is true (empty: unresolved)."""
-    ties, _ = config_ties(with_flag(config), os.path.join(ckpt.path, CONFIG), stored=ckpt.names)
+    ties, _ = config_ties(
+        with_flag(config), os.path.join(weights_folder(ckpt.path), CONFIG), stored=ckpt.names
+    )
     return {(t.dropped, t.kept) for t in ties}

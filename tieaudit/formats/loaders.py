@@ -38,6 +38,7 @@ from tieaudit.core.errors import UsageError
 from tieaudit.core.records import Checkpoint, TensorInfo
 from tieaudit.formats.family import LOADER, NOT_A_TIE, bare_family
 from tieaudit.formats.hf.layouts import Adapter, adapter_beside, base_ties
+from tieaudit.formats.hf.variants import weights_folder
 from tieaudit.graph.compare import BLOCK_BYTES, BlockComparer, equal_bytes, iter_blocks
 
 __all__ = ["NOT_A_TIE", "LoaderRule", "flag_companions", "loader_rule", "max_difference"]
@@ -133,7 +134,7 @@ def loader_rule(ckpt: Checkpoint) -> LoaderRule | None:
     if ckpt.format == "hf-dir":
         from tieaudit.formats.hf_dir import read_config
 
-        config, _ = read_config(ckpt.path)
+        config, _ = read_config(weights_folder(ckpt.path))
     if config is None:
         return _file_rule(ckpt)
     from tieaudit.formats.hf_dir import torch_weights
@@ -159,7 +160,7 @@ def loader_rule(ckpt: Checkpoint) -> LoaderRule | None:
             f"own ties, and {unties}: the copy would come back randomly initialised)"
         )
         consequence = "from_pretrained will initialise {name} randomly: the model class does not tie it"
-    reader = flag_read_by(config, os.path.join(ckpt.path, "config.json"))
+    reader = flag_read_by(config, os.path.join(weights_folder(ckpt.path), "config.json"))
     if reader is not None and set(pairs) - set(declared):
         locked = (
             f"{reader}'s forward reads tie_word_embeddings, so setting it would change the model's "

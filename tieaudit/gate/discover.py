@@ -28,7 +28,7 @@ from tieaudit.core.globs import glob_matches, posix_relative
 from tieaudit.formats.bare_pickle import scan
 from tieaudit.formats.hf.layouts import config_only_reason, is_model_folder, loader_gaps
 from tieaudit.formats.hf_cache import CacheSnapshot, cached_argument
-from tieaudit.formats.hf_covered import covered_files
+from tieaudit.formats.hf_covered import covered_files, variant_sets
 from tieaudit.formats.hf_dir import hub_blobs
 from tieaudit.formats.hf_ties import CONFIG
 from tieaudit.formats.magic import GGUF_MAGIC, is_lfs_pointer, might_be_torch, read_head
@@ -36,22 +36,22 @@ from tieaudit.formats.torch_sniff import is_legacy_stream, is_torch_tar, is_torc
 from tieaudit.formats.torch_takes import hides_code
 from tieaudit.formats.torch_tar_walk import scan_tar
 from tieaudit.gate.files import (
+    CHECKPOINT_SUFFIXES,
     EXCLUDED,
     HIDDEN,
     LINKED_FOLDER,
     NOT_REGULAR,
     OUTSIDE_FOLDER,
     OUTSIDE_LINK,
-    RETIE_BACKUP,
-    STAGING,
+    TORCH_SUFFIXES,
     FileVerdict,
     covered_reason,
     skip_reason,
+    skipped_name,
 )
 from tieaudit.gate.glob_use import ExcludeMatches, check_excludes
 from tieaudit.gate.hidden import HiddenCount, searched_folder, too_many
 from tieaudit.gate.targets import Discovery, PathError, Target
-from tieaudit.repair.publish import BACKUP_SUFFIX, STAGE_INFIX
 
 __all__ = [
     "Discovery",
@@ -63,29 +63,7 @@ __all__ = [
     "posix_relative",
 ]
 
-CHECKPOINT_SUFFIXES = (".pt", ".pth", ".safetensors", ".onnx", ".gguf")
-"""Audited by name (unless a Git LFS pointer): the audit says what is wrong with one that is not
-what its name says."""
-TORCH_SUFFIXES = (".bin", ".ckpt", ".tar")
-"""Audited when they start like torch.save data (a zip or a pickle): a raw ``.bin`` is ONNX external
-data, a ``.ckpt`` may be TensorFlow's, a ``.tar`` an archive (``.pth.tar`` is torch's convention).
-Any other file, whatever its name, is audited when its content is what torch.load takes
-(``formats.torch_sniff``): torch.load never looks at the name; so is a pickle that is not
-torch.save data but names code, which torch.load(weights_only=False) runs before it fails
-(``formats.bare_pickle``), and so is a tar archive (torch's pre-0.4 format) whose pickles name code
-or cannot be walked to their end (``formats.torch_tar_walk``); one naming none is skipped, saying why."""
 LINK_OUTSIDE = "is a link to a file outside the folder searched; name it on the command line to audit it"
-
-
-def _skipped_name(name: str) -> str:
-    """Why a name is never searched (hidden, retie's staging folders, named so that a rename never
-    lets one through, and the originals retie --in-place kept: a backup folder is a whole model), or
-    empty."""
-    if STAGE_INFIX in name:
-        return STAGING
-    if name.endswith(BACKUP_SUFFIX):
-        return RETIE_BACKUP
-    return HIDDEN if name.startswith(".") else ""
 
 
 def _inside(path: str, root: str) -> bool:
@@ -171,6 +149,18 @@ class _Walk:
                 path=folder, entries=iter(entries), found_before=-1 if model else self.found, hidden=hidden
             )
         )
+
+    def _model(self, folder: str) -> Iterator[Target]:
+        """A model folder as one target (its files covered), and each sharded variant beside its
+        weights as one more, named by its index file (its shards covered by it)."""
+        model = self._target(folder)
+        yield model
+        self._enter(folder, model=model)
+        for index, shards in variant_sets(folder):
+            variant = self._target(os.path.join(folder, index))
+            yield variant
+            for name in (index, *shards):
+                self.covered[os.path.abspath(os.path.join(folder, name))] = variant.path
 
     def _is_folder(self, entry: os.DirEntry[str]) -> bool | None:
         """A folder to look into (True), a file to consider (False), or None (error recorded)."""
@@ -283,8 +273,11 @@ class _Walk:
         model = self.covered.get(os.path.abspath(entry.path))
         if model is None:
             return False
-        reason = covered_reason(model, folder=True, onnx=False)
         path = os.path.normpath(entry.path)
+        if os.path.abspath(model) == os.path.abspath(path):  # a variant's index: the checkpoint itself
+            self.files.append(FileVerdict(path=path, verdict="audited", target=model))
+            return True
+        reason = covered_reason(model, folder=True, onnx=False)
         self.files.append(FileVerdict(path=path, verdict="covered", reason=reason, target=model))
         return True
 
@@ -313,9 +306,7 @@ class _Walk:
         """Model folders as one target each (their other files searched), other folders walked,
         checkpoint files found; every other file gets its verdict."""
         if is_model_folder(self.root):
-            model = self._target(self.root)
-            yield model
-            self._enter(self.root, model=model)
+            yield from self._model(self.root)
         else:
             self._enter(self.root)
         while self.stack:
@@ -327,7 +318,7 @@ class _Walk:
                 continue
             if self._covered(entry):
                 continue
-            skipped = HIDDEN if folder.hidden else _skipped_name(entry.name)
+            skipped = HIDDEN if folder.hidden else skipped_name(entry.name)
             pattern = self._excluded(entry)
             if skipped or pattern:
                 try:
@@ -341,9 +332,7 @@ class _Walk:
                 continue
             is_folder = self._is_folder(entry)
             if is_folder and is_model_folder(entry.path):
-                model = self._target(entry.path)
-                yield model
-                self._enter(entry.path, model=model)
+                yield from self._model(entry.path)
             elif is_folder:
                 self._enter(entry.path)
             elif is_folder is False and self._is_checkpoint(entry):

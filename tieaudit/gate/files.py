@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tieaudit.formats.magic import LFS_POINTER, is_lfs_pointer, recognised_unsupported
+from tieaudit.repair.publish import BACKUP_SUFFIX, STAGE_INFIX
 
 __all__ = [
     "EXCLUDED",
@@ -26,6 +27,9 @@ __all__ = [
     "NOT_REGULAR",
     "RETIE_BACKUP",
     "STAGING",
+    "CHECKPOINT_SUFFIXES",
+    "TORCH_SUFFIXES",
+    "skipped_name",
     "FileVerdict",
     "Verdict",
     "skip_reason",
@@ -92,3 +96,27 @@ def skipped_by_reason(files: tuple[FileVerdict, ...]) -> list[tuple[str, int]]:
     """(reason, count) over the skipped files, the most common first, then by reason."""
     counts = Counter(f.reason for f in files if f.verdict == "skipped")
     return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+
+
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".safetensors", ".onnx", ".gguf")
+"""Audited by name (unless a Git LFS pointer): the audit says what is wrong with one that is not
+what its name says."""
+TORCH_SUFFIXES = (".bin", ".ckpt", ".tar")
+"""Audited when they start like torch.save data (a zip or a pickle): a raw ``.bin`` is ONNX external
+data, a ``.ckpt`` may be TensorFlow's, a ``.tar`` an archive (``.pth.tar`` is torch's convention).
+Any other file, whatever its name, is audited when its content is what torch.load takes
+(``formats.torch_sniff``): torch.load never looks at the name; so is a pickle that is not
+torch.save data but names code, which torch.load(weights_only=False) runs before it fails
+(``formats.bare_pickle``), and so is a tar archive (torch's pre-0.4 format) whose pickles name code
+or cannot be walked to their end (``formats.torch_tar_walk``); one naming none is skipped, saying why."""
+
+
+def skipped_name(name: str) -> str:
+    """Why a name is never searched (hidden, retie's staging folders, named so that a rename never
+    lets one through, and the originals retie --in-place kept: a backup folder is a whole model), or
+    empty."""
+    if STAGE_INFIX in name:
+        return STAGING
+    if name.endswith(BACKUP_SUFFIX):
+        return RETIE_BACKUP
+    return HIDDEN if name.startswith(".") else ""

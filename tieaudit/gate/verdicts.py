@@ -40,14 +40,15 @@ def final_verdicts(
 
 
 def _mark_read(verdicts: dict[str, FileVerdict], audit: Audit, target: str) -> None:
-    """Files the audit read, other than the target itself, are covered by it (unless audited)."""
+    """Files the audit read, other than the target itself, are covered by it (unless audited, or
+    covered by another: a folder's config.json is the folder's, though its variants read it too)."""
     ckpt = audit.graph.checkpoint
     folder = os.path.isdir(target)
     base = target if folder else os.path.dirname(target)
     for name in ckpt.files:
         key = _key(os.path.join(base, name))
         known = verdicts.get(key)
-        if key == _key(target) or (known is not None and known.verdict == "audited"):
+        if key == _key(target) or (known is not None and known.verdict in ("audited", "covered")):
             continue
         path = known.path if known is not None else os.path.normpath(os.path.join(base, name))
         reason = covered_reason(target, folder=folder, onnx=ckpt.format == "onnx")

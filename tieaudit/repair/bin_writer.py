@@ -22,6 +22,7 @@ from typing import Any
 
 from tieaudit.core.errors import UnsupportedFormatError
 from tieaudit.core.records import Checkpoint
+from tieaudit.formats.hf.variants import weights_folder
 from tieaudit.formats.hf_dir import WeightSet, confined_path, load_json
 from tieaudit.repair.plan import RetiePlan
 from tieaudit.repair.torch_locations import StorageLocations
@@ -48,9 +49,10 @@ def write_bin_weights(
     ``{name: file}`` for each name that moved to another shard)."""
     refuse_placeholders(ckpt, weights.files)
     torch = torch_module(ckpt.path)
+    folder = weights_folder(ckpt.path)
     holder = {t.name: t.file for t in ckpt.tensors}
     locations = StorageLocations()  # each storage recorded where the input recorded it
-    roots = {file: load_weights(confined_path(ckpt.path, file), locations) for file in weights.files}
+    roots = {file: load_weights(confined_path(folder, file), locations) for file in weights.files}
     moved: dict[str, str] = {}
     for decision in plan.applied:
         source, target = holder[decision.dropped], holder[decision.kept]
@@ -63,12 +65,10 @@ def write_bin_weights(
         if isinstance(root, dict) and not root:
             continue  # every entry moved to the shard of its kept tensor
         here = tuple(d for d in plan.applied if holder[d.kept] == file)
-        root = retied(
-            torch, root, dataclasses.replace(plan, decisions=here), path=os.path.join(ckpt.path, file)
-        )
+        root = retied(torch, root, dataclasses.replace(plan, decisions=here), path=os.path.join(folder, file))
         target = os.path.join(out, file)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        inputs = [confined_path(ckpt.path, f) for f in weights.files]
+        inputs = [confined_path(folder, f) for f in weights.files]
         save(torch, root, target, inputs=inputs, locations=locations)
         written.append(target)
     return written, moved
@@ -76,7 +76,7 @@ def write_bin_weights(
 
 def bin_index(ckpt: Checkpoint, index: str, moved: Mapping[str, str], *, saved: int) -> dict[str, Any]:
     """The index with moved names mapped to their new shard and ``total_size`` less the bytes saved."""
-    raw: dict[str, Any] = dict(load_json(ckpt.path, index))
+    raw: dict[str, Any] = dict(load_json(weights_folder(ckpt.path), index))
     raw["weight_map"] = {name: moved.get(name, file) for name, file in raw["weight_map"].items()}
     metadata = raw.get("metadata")
     if isinstance(metadata, dict):

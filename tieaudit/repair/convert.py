@@ -25,7 +25,10 @@ from tieaudit.core.errors import OutputError, TieauditError, UnsupportedFormatEr
 from tieaudit.core.interrupts import signals_guarded
 from tieaudit.formats import open_checkpoint
 from tieaudit.formats.capabilities import FILE_SUFFIXES
-from tieaudit.formats.hf_dir import find_weights, read_config, torch_weights
+from tieaudit.formats.hf.variants import index_target, weights_folder
+from tieaudit.formats.hf_covered import not_copied
+from tieaudit.formats.hf_dir import read_config, torch_weights
+from tieaudit.formats.hf_reader import weights_at
 from tieaudit.repair.convert_plan import ConvertPlan, make_convert_plan
 from tieaudit.repair.hf_writer import copy_file, side_files, write_json
 from tieaudit.repair.publish import check_paths
@@ -86,7 +89,7 @@ def convert(source: str, out: str | None, *, dry_run: bool = False) -> ConvertRe
         raise UsageError("say where the output goes: OUT (a new path), or --dry-run to print the plan")
     if not os.path.exists(source):
         raise UsageError("no such file or folder", source)
-    folder = os.path.isdir(source)
+    folder = os.path.isdir(source) or index_target(source)
     if out is not None:
         _check_out(folder, out)
     paths = None if dry_run or out is None else check_paths(source, out, False)
@@ -95,7 +98,7 @@ def convert(source: str, out: str | None, *, dry_run: bool = False) -> ConvertRe
             ckpt = opened.checkpoint
             weights = None
             if ckpt.format == "hf-dir":
-                weights = find_weights(ckpt.path)
+                weights = weights_at(ckpt.path)[1]
                 if not torch_weights(weights.files) or not all(torch_weights((f,)) for f in weights.files):
                     raise UnsupportedFormatError(
                         "the folder's weights are not (all) pytorch_model*.bin files; nothing to convert",
@@ -105,7 +108,7 @@ def convert(source: str, out: str | None, *, dry_run: bool = False) -> ConvertRe
                 raise UnsupportedFormatError(
                     f"is a {ckpt.format} checkpoint; convert reads torch files", source
                 )
-            config = read_config(ckpt.path)[0] if weights is not None else None
+            config = read_config(weights_folder(ckpt.path))[0] if weights is not None else None
             plan = make_convert_plan(ckpt, config)
             files = (
                 {f: out_weight_name(f) for f in weights.files}
@@ -140,10 +143,10 @@ def write_folder(
 ) -> list[str]:
     """The folder at staged: safetensors weights, the index for shards, every other file copied."""
     ckpt = opened.checkpoint
-    weights = find_weights(ckpt.path)
+    folder, weights = weights_at(ckpt.path)
     os.mkdir(staged)
-    skip = {*weights.files, *([weights.index] if weights.index else [])}
-    written = [copy_file(ckpt.path, rel, staged) for rel in side_files(ckpt.path, skip)]
+    skip = not_copied(folder, weights, alone=index_target(ckpt.path))
+    written = [copy_file(folder, rel, staged) for rel in side_files(folder, skip)]
     records = plan.records
     holder = {t.name: t.file for t in plan.stored}
     weight_map: dict[str, str] = {}

@@ -26,14 +26,16 @@ from typing import Any
 from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.errors import UnsafeInputError, UnsupportedFormatError, UsageError
 from tieaudit.core.records import Checkpoint, TensorInfo
+from tieaudit.formats.hf.variants import index_target, weights_folder
+from tieaudit.formats.hf_covered import not_copied
 from tieaudit.formats.hf_dir import (
     WeightSet,
     confined_path,
-    find_weights,
     load_json,
     read_config,
     torch_weights,
 )
+from tieaudit.formats.hf_reader import weights_at
 from tieaudit.formats.hf_ties import CONFIG, TIE_FLAG, class_pairs, with_flag
 from tieaudit.formats.safetensors import read_header
 from tieaudit.formats.tie_records import TieRecord, rebase, record_metadata, split_metadata, string_metadata
@@ -89,7 +91,7 @@ def file_metadata(ckpt: Checkpoint, weights: WeightSet, applied: list[TieRecord]
     """Each weight file's own ``__metadata__``, its tie records re-pointed past dropped names."""
     found: FileMetadata = {}
     for file in weights.files:
-        metadata = read_header(confined_path(ckpt.path, file), file).metadata
+        metadata = read_header(confined_path(weights_folder(ckpt.path), file), file).metadata
         names = [t.name for t in ckpt.tensors if t.file == file]
         plain, existing = split_metadata(metadata, names, file)
         found[file] = (plain, rebase(existing, applied))
@@ -144,7 +146,7 @@ def rewrite_index(
     ckpt: Checkpoint, index: str, records: list[TieRecord], *, names: set[str], out: str
 ) -> str:
     """The index without the dropped names, with the tie records and updated totals in ``metadata``."""
-    raw: dict[str, Any] = dict(load_json(ckpt.path, index))
+    raw: dict[str, Any] = dict(load_json(weights_folder(ckpt.path), index))
     dropped = [ckpt.tensor(name) for name in sorted(names)]
     raw["weight_map"] = {k: v for k, v in raw["weight_map"].items() if k not in names}
     plain, existing = split_metadata(raw.get("metadata") or {}, ckpt.names, index)
@@ -219,8 +221,7 @@ class HfDirWriter(Writer):
 
     def write(self, opened: OpenCheckpoint, plan: RetiePlan, out: str) -> list[str]:
         ckpt = opened.checkpoint
-        folder = ckpt.path
-        weights = find_weights(folder)
+        folder, weights = weights_at(ckpt.path)
         pickles = torch_weights(weights.files)
         if pickles and not all(torch_weights((file,)) for file in weights.files):
             raise UnsupportedFormatError("the folder's weights mix torch and safetensors files", folder)
@@ -230,7 +231,7 @@ class HfDirWriter(Writer):
         lenient = plan.all_equal or pickles
         edited = None if config is None else retied_config(ckpt, config, applied, all_equal=lenient)
         os.mkdir(out)
-        rewritten = {*weights.files, *([weights.index] if weights.index else [])}
+        rewritten = not_copied(folder, weights, alone=index_target(ckpt.path))
         if edited is not None:
             rewritten.add(CONFIG)
         written = [copy_file(folder, rel, out) for rel in side_files(folder, rewritten)]

@@ -205,7 +205,7 @@ def load_reference(out: str, written: Checkpoint, *, what: str = "the output") -
         if written.format == "hf-dir" and torch_weights(
             tuple(files)
         ):  # a file goes by its bytes, not its name
-            return _Torch([os.path.join(out, file) for file in files], what)
+            return _Torch([os.path.join(root_of(out), file) for file in files], what)
         return _Safetensors(out, written, files)
     except ImportError:
         return None

@@ -24,6 +24,7 @@ from tieaudit.core.interrupts import SignalGuard, signals_guarded, worker_pool
 from tieaudit.core.records import Format
 from tieaudit.formats import open_checkpoint
 from tieaudit.formats.gguf_heads import RECONVERT
+from tieaudit.formats.hf.variants import index_target
 from tieaudit.formats.torchscript import REEXPORT
 from tieaudit.graph import DEFAULT_MIN_BYTES
 from tieaudit.graph.alias import build_graph
@@ -140,6 +141,12 @@ def retie(
     format's loader restores it (``repair.loaders``); all_equal re-ties every equal copy, and the
     plan carries each consequence.
     """
+    if in_place and index_target(source):
+        raise UsageError(
+            "--in-place replaces IN, and this IN is a shard index naming one weight set of its folder; "
+            "write the re-tied model folder to OUT instead",
+            source,
+        )
     named = None if in_place else out  # an OUT whose name is checked against the format
     target = _out(source, out, dry_run=dry_run, in_place=in_place)
     paths = None if dry_run else check_paths(source, target, in_place)
@@ -160,6 +167,7 @@ def retie(
         if paths is not None and exc.path == paths.source.path:
             exc.path = source  # IN as the user typed it, not as resolved
         raise
+
 
 SCRIPT_REFUSED = (
     f"retie cannot rewrite TorchScript archives (only torch.jit.save writes them, and tieaudit never "

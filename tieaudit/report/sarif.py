@@ -16,6 +16,7 @@ from urllib.parse import quote_from_bytes
 
 from tieaudit.core.escape import printable
 from tieaudit.core.version import __version__
+from tieaudit.formats.hf.variants import weights_folder
 from tieaudit.gate.check import Checked, CheckResult
 from tieaudit.rules.finding import Finding
 from tieaudit.rules.registry import RULES
@@ -73,12 +74,12 @@ def finding_file(checked: Checked, finding: Finding) -> str:
     """The file a finding is about: the checkpoint file, or in a folder the file of its first
     stored tensor, else the config, else the first file read."""
     ckpt = checked.audit.graph.checkpoint
-    if not os.path.isdir(ckpt.path):
+    if ckpt.format != "hf-dir":
         return ckpt.path
     stored = [ckpt.tensor(n).file for n in finding.names if n in ckpt.names]
     fallback = [ckpt.config.file] if ckpt.config is not None else list(ckpt.files)
     chosen = (stored or fallback or [""])[0]
-    return os.path.join(ckpt.path, chosen) if chosen else ckpt.path
+    return os.path.join(weights_folder(ckpt.path), chosen) if chosen else ckpt.path
 
 
 def _rules() -> list[dict[str, Any]]:

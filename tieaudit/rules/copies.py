@@ -17,6 +17,7 @@ from tieaudit.core.units import human_bytes
 from tieaudit.formats.capabilities import DEFAULT_RELATIONS, REPRESENTABLE, retied_name
 from tieaudit.formats.family import LOADER, Family, bare_family
 from tieaudit.formats.gguf_heads import RECONVERT
+from tieaudit.formats.hf.variants import index_target, variant_of
 from tieaudit.formats.hf_cache import in_hub_cache, snapshot_of
 from tieaudit.formats.layer_names import layer_template
 from tieaudit.formats.loaders import loader_rule
@@ -28,19 +29,26 @@ from tieaudit.rules.gguf_head import quantized_findings
 
 def retied_path(path: str, format: Format) -> str:
     """Where the suggested retie writes: beside the checkpoint, as NAME-retied with a suffix retie
-    accepts for the format (``formats.capabilities.retied_name``); for a checkpoint in a Hugging Face
+    accepts for the format (``formats.capabilities.retied_name``); a folder's variant named by its
+    shard index as the folder beside it, FOLDER-VARIANT-retied; for a checkpoint in a Hugging Face
     cache, the current folder instead (the cache is huggingface_hub's, and its files are links into
     shared blobs), or OUT when the current folder is in a cache too."""
     trimmed = path.rstrip("/") or path
-    name = retied_name(os.path.basename(trimmed), format)
-    beside = os.path.join(os.path.dirname(trimmed), name)
+    variant = ""
+    if format == "hf-dir" and index_target(trimmed):
+        variant = "-" + variant_of(trimmed) if variant_of(trimmed) else ""
+        trimmed = os.path.dirname(trimmed) or os.curdir
+    own = os.path.basename(os.path.abspath(trimmed)) if trimmed in (os.curdir, os.pardir) else None
+    parent = os.path.normpath(os.path.join(trimmed, os.pardir)) if own else os.path.dirname(trimmed)
+    beside = os.path.join(parent, retied_name((own or os.path.basename(trimmed)) + variant, format))
     if not in_hub_cache(trimmed) and not in_hub_cache(beside):
         return beside
     if in_hub_cache(os.curdir):
         return "OUT"
+    name = os.path.basename(beside)
     snapshot = snapshot_of(trimmed)
     if snapshot is not None and os.path.realpath(trimmed) == os.path.realpath(snapshot.folder):
-        name = retied_name(snapshot.repo_id.rsplit("/", 1)[-1], format)  # the folder: named by its repository
+        name = retied_name(snapshot.repo_id.rsplit("/", 1)[-1] + variant, format)  # named by its repository
     return os.path.join(os.curdir, name)
 
 

@@ -19,16 +19,24 @@ not JSON, another shape) recognises nothing: the folder is then judged by its ow
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tieaudit.core.errors import InputError
 from tieaudit.core.escape import quoted
 from tieaudit.core.limits import read_limited
-from tieaudit.formats.hf_dir import ADAPTER_CONFIG, DIFFUSERS_INDEX, SAFE_INDEX, TORCH_INDEX, TORCH_SINGLES
+from tieaudit.formats.hf.variants import beside_weights, is_shard_index
+from tieaudit.formats.hf_dir import (
+    ADAPTER_CONFIG,
+    DIFFUSERS_INDEX,
+    SAFE_INDEX,
+    TORCH_INDEX,
+    TORCH_SINGLES,
+    find_weights,
+)
 from tieaudit.formats.hf_ties import CONFIG
 
 MODULES = "modules.json"
@@ -215,8 +223,13 @@ def missing_variant_shards(folder: str) -> list[tuple[str, str]]:
     """(path, message) for a variant's shard index (``model.safetensors.index.fp16.json``) listing
     shards that are absent: ``from_pretrained(variant=...)`` fails on it (transformers itself leaves
     one behind when a plain save follows a variant save into one folder)."""
+    try:
+        chosen = find_weights(folder).index
+    except InputError:  # the folder's own audit says why it has no weights
+        return []
     found = []
-    for index in sorted(glob.glob(os.path.join(glob.escape(folder), "*.safetensors.index.*.json"))):
+    for name in beside_weights(folder, chosen):
+        index = os.path.join(folder, name)
         document = read_marker(index)
         weight_map = document.get("weight_map") if isinstance(document, dict) else None
         if not isinstance(weight_map, dict) or len(weight_map) > MAX_VARIANT_TENSORS:
@@ -264,10 +277,11 @@ def is_model_folder(path: str) -> bool:
         names = set(os.listdir(path))
     except OSError:
         return False
-    if not names.intersection(MODEL_MARKERS):
+    indexes = any(is_shard_index(n) for n in names)  # plain or a variant's
+    if not indexes and not names.intersection(MODEL_MARKERS):
         return False
     weights = (n for n in names if n.endswith(".safetensors") or n in TORCH_SINGLES)
-    return any(weights) or bool(names.intersection(MODEL_MARKERS[2:]))
+    return any(weights) or indexes
 
 
 @dataclass(frozen=True, kw_only=True)
