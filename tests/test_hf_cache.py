@@ -33,12 +33,13 @@ def add_snapshot(cache: Path, repo_id: str, source: Path, commit: str, refs: tup
     snapshot = repo / "snapshots" / commit
     snapshot.mkdir(parents=True)
     (repo / "blobs").mkdir(exist_ok=True)
-    files = [source] if source.is_file() else sorted(source.iterdir())
-    for file in files:
-        blob = f"{commit[:8]}-{file.name}"
+    files = [source] if source.is_file() else sorted(p for p in source.rglob("*") if p.is_file())
+    for file in files:  # a subfolder's files link up as many levels more, as the hub writes them
+        rel = Path("model.safetensors") if source.is_file() else file.relative_to(source)
+        blob = f"{commit[:8]}-{'-'.join(rel.parts)}"
         shutil.copy(file, repo / "blobs" / blob)
-        name = "model.safetensors" if source.is_file() else file.name
-        (snapshot / name).symlink_to(Path("../../blobs") / blob)
+        (snapshot / rel).parent.mkdir(parents=True, exist_ok=True)
+        (snapshot / rel).symlink_to(Path(*[".."] * (len(rel.parts) + 1)) / "blobs" / blob)
     for ref in refs:
         (repo / "refs" / ref).parent.mkdir(parents=True, exist_ok=True)
         (repo / "refs" / ref).write_text(commit)  # huggingface_hub writes no newline
@@ -313,3 +314,20 @@ def test_a_baseline_names_a_cached_model_by_its_address_not_its_revision(
         )
         assert code == 0, err
         assert [f["baselined"] for f in json.loads(out)["findings"]] == [True]
+
+
+def test_a_snapshots_subfolders_link_into_its_blobs_as_its_top_files_do(
+    corpus: Corpus, cache: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A pipeline's component folders and an onnx/ export lie in subfolders of the snapshot, whose
+    links climb more levels to the same blobs: read as the model's, never "a link outside"."""
+    source = tmp_path / "pipe"
+    shutil.copytree(corpus.path("hf_llama_tied"), source)
+    shutil.copytree(corpus.path("hf_llama_cloned_head"), source / "text_encoder")
+    snapshot = add_snapshot(cache, "org/pipe", source, OTHER, ("main",))
+    assert os.readlink(snapshot / "text_encoder" / "config.json").startswith("../../../blobs/")
+    for argument in ("org/pipe", str(snapshot)):
+        code, out, err = cli(["check", argument, "--jobs", "1"], capsys)
+        assert code == 1 and ", 0 errors," in err[-1], err
+        assert "FAIL " in out and "/text_encoder " in out and "TIE001" in out
+        assert cli(["inspect", str(snapshot / "text_encoder")], capsys)[0] == 0

@@ -106,15 +106,16 @@ def _inside(path: str, root: str) -> bool:
 
 
 def hub_blobs(folder: str) -> str | None:
-    """``<repo>/blobs`` when folder is a hub cache snapshot (``<repo>/snapshots/<revision>``).
-
-    The snapshot is located by its real path, so ``<repo>`` is reached through no link; ``blobs``
+    """``<repo>/blobs`` when folder is a hub cache snapshot (``<repo>/snapshots/<revision>``) or a
+    folder in one (a pipeline's ``unet/``, an ``onnx/`` export: their files link into it too). The snapshot is located by its real path, so ``<repo>`` is reached through no link; ``blobs``
     must then be a real folder in it (a link, to ``/`` or elsewhere, is no blobs folder).
     """
-    snapshots = os.path.dirname(os.path.realpath(folder))
-    if os.path.basename(snapshots) != "snapshots":
-        return None
-    blobs = os.path.join(os.path.dirname(snapshots), "blobs")
+    snapshot = os.path.realpath(folder)
+    while os.path.basename(os.path.dirname(snapshot)) != "snapshots":
+        if os.path.dirname(snapshot) == snapshot:
+            return None
+        snapshot = os.path.dirname(snapshot)
+    blobs = os.path.join(os.path.dirname(os.path.dirname(snapshot)), "blobs")
     try:
         status = os.lstat(blobs)
     except OSError:
