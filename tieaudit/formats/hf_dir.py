@@ -107,9 +107,8 @@ def _inside(path: str, root: str) -> bool:
 
 def hub_blobs(folder: str) -> str | None:
     """``<repo>/blobs`` when folder is a hub cache snapshot (``<repo>/snapshots/<revision>``) or a
-    folder in one (a pipeline's ``unet/``, an ``onnx/`` export: their files link into it too). The snapshot is located by its real path, so ``<repo>`` is reached through no link; ``blobs``
-    must then be a real folder in it (a link, to ``/`` or elsewhere, is no blobs folder).
-    """
+    folder in one (``unet/``, ``onnx/``), found by real path (no link reaches ``<repo>``); ``blobs``
+    must then be a real folder in it (a link, to ``/`` or elsewhere, is no blobs folder)."""
     snapshot = os.path.realpath(folder)
     while os.path.basename(os.path.dirname(snapshot)) != "snapshots":
         if os.path.dirname(snapshot) == snapshot:
