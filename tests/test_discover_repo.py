@@ -249,13 +249,19 @@ def test_json_files_field(
     code, out, _ = cli(["check", "repo/model.fp16.safetensors", "--format", "json"], capsys)
     report = json.loads(out)  # one file: the report/1 shape, with the field added
     assert report["schema"] == "tieaudit.report/1"
-    assert report["files"] == [
+    assert report["files"] == [  # a variant beside config.json is read with it, as from_pretrained does
         {
             "path": "repo/model.fp16.safetensors",
             "verdict": "audited",
             "reason": None,
             "target": "repo/model.fp16.safetensors",
-        }
+        },
+        {
+            "path": "repo/config.json",
+            "verdict": "covered",
+            "reason": "read with repo/model.fp16.safetensors",
+            "target": "repo/model.fp16.safetensors",
+        },
     ]
 
 
@@ -445,9 +451,9 @@ def test_a_hub_snapshots_other_files_link_into_its_blobs_and_are_audited(
     shutil.copy(corpus.path("st_cloned_head"), blobs / "sha-variant")
     (snapshot / "model.fp16.safetensors").symlink_to("../../blobs/sha-variant")
     code, out, err = cli(["check", str(snapshot), "--jobs", "1", "--format", "json"], capsys)
-    assert code == 1, err  # the variant's copy; no link is an error
-    document = json.loads(out)
-    assert document["errors"] == []
+    assert code == 0, err  # no link is an error; the variant is read with config.json, which ties
+    document = json.loads(out)  # its copy on load (a copy of a declared tie costs bytes, no tie)
+    assert document["errors"] == [] and document["reports"][1]["findings"][0]["rule"] == "TIE001"
     assert [r["path"] for r in document["reports"]] == [
         str(snapshot),
         str(snapshot / "model.fp16.safetensors"),

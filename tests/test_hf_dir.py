@@ -452,7 +452,7 @@ def test_tokenizer_vocab_size_counts_added_tokens_beyond_the_vocab(
 
 
 def test_unigram_tokenizer_vocab_is_a_list() -> None:
-    from tieaudit.formats.hf_dir import tokenizer_vocab_size
+    from tieaudit.formats.hf.tokenizer import tokenizer_vocab_size
 
     assert tokenizer_vocab_size({"model": {"type": "Unigram", "vocab": [["a", 0.0], ["b", -1.0]]}}) == 2
 

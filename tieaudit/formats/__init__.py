@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.errors import ExternalDataError, InputError, UnsupportedFormatError
-from tieaudit.formats.hf.variants import index_target
+from tieaudit.formats.hf.variants import weights_target
 from tieaudit.formats.interface import Reader
 from tieaudit.formats.magic import read_head, refuse_head
 
@@ -51,7 +51,7 @@ def open_checkpoint(path: str, *, bare_pickles: bool = False) -> OpenCheckpoint:
         if not head:
             raise InputError("file is empty", path)
         refuse_head(path, head, size)  # an LFS pointer, NumPy, ...: named, before any reader tries
-    for reader in _readers(os.path.isdir(path) or index_target(path)):
+    for reader in _readers(os.path.isdir(path) or weights_target(path)):
         if reader.sniff(path, head):
             opened = reader.read(path)
             if opened.checkpoint.format == "pickle" and not bare_pickles:

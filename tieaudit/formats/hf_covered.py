@@ -11,8 +11,9 @@ import fnmatch
 import os
 
 from tieaudit.core.errors import InputError
-from tieaudit.formats.hf.variants import beside_weights
+from tieaudit.formats.hf.variants import ADAPTER_WEIGHTS, beside_weights, is_shard_index, weights_target
 from tieaudit.formats.hf_dir import (
+    ADAPTER_CONFIG,
     DIFFUSERS_INDEX,
     READ_BESIDE_WEIGHTS,
     SAFE_INDEX,
@@ -21,6 +22,7 @@ from tieaudit.formats.hf_dir import (
     find_weights,
     load_json,
 )
+from tieaudit.formats.magic import is_lfs_pointer, read_head
 from tieaudit.formats.torchscript import is_torchscript_file
 
 
@@ -57,6 +59,8 @@ def covered_files(folder: str) -> frozenset[str]:
     covered.update(weights.files)
     if weights.index is not None:
         covered.add(weights.index)
+    if not set(weights.files) <= set(ADAPTER_WEIGHTS):  # a base model's: the adapter beside reads it
+        covered.discard(ADAPTER_CONFIG)
     # A TorchScript archive the folder's reader refuses (transformers cannot load it) is audited on
     # its own as well, as anywhere else: its report is not hidden behind the folder's.
     return frozenset(n for n in covered if not is_torchscript_file(os.path.join(folder, n)))
@@ -64,32 +68,50 @@ def covered_files(folder: str) -> frozenset[str]:
 
 def not_copied(folder: str, weights: WeightSet, *, alone: bool) -> set[str]:
     """The folder's files a writer of these weights does not copy: their own (it rewrites them) and,
-    when they are one weight set named by its index (alone: a variant), the folder's other weight
-    sets, whose output is not theirs."""
+    when they are one weight set of the folder (alone: a variant or an adapter named by its file),
+    the folder's other weight sets, whose output is not theirs."""
     skip = {*weights.files, *([weights.index] if weights.index else [])}
     if alone:
-        others = set(beside_weights(folder, weights.index))
         try:
             plain = find_weights(folder)
-            skip.update(plain.files)
-            others.update([plain.index] if plain.index else [])
+            skip.update(plain.files, [plain.index] if plain.index else [])
         except InputError:
             pass
-        skip.update(others | _listed_shards(folder, others))
+        for name, parts in beside_sets(folder):
+            skip.update((name, *parts) if name not in skip else ())
+        skip -= {ADAPTER_CONFIG} if set(weights.files) <= set(ADAPTER_WEIGHTS) else set()
     return skip
 
 
-def variant_sets(folder: str) -> list[tuple[str, frozenset[str]]]:
-    """Each shard index beside the weights the folder's reader reads (a variant), with the shards it
-    lists: a checkpoint of its own. One listing a missing shard is not one (``loader_gaps`` makes it
-    the folder's error)."""
+def beside_sets(folder: str) -> list[tuple[str, frozenset[str]]]:
+    """Each weight set beside the weights the folder's reader reads, named by its file (a shard
+    index, an unsharded variant, an adapter's weights), with the files read with it: a checkpoint of
+    its own. An index listing a missing shard is not one (``loader_gaps`` makes it the folder's error)."""
     try:
-        chosen = find_weights(folder).index
-    except InputError:
+        chosen = find_weights(folder)
+        names = sorted(os.listdir(folder))
+    except (InputError, OSError):
         return []
+    own = {*chosen.files, chosen.index}
     found = []
-    for index in beside_weights(folder, chosen):
+    for index in beside_weights(folder, chosen.index):
         shards = _listed_shards(folder, {index})
         if shards and all(os.path.isfile(os.path.join(folder, s)) for s in shards):
             found.append((index, frozenset(shards)))
+    found.extend(
+        (name, frozenset({ADAPTER_CONFIG} if name in ADAPTER_WEIGHTS else ()))
+        for name in names
+        if name not in own
+        and not is_shard_index(name)
+        and weights_target(os.path.join(folder, name))
+        and not _pointer(os.path.join(folder, name))  # a Git LFS pointer: skipped as such by discovery
+    )
     return found
+
+
+def _pointer(path: str) -> bool:
+    try:
+        head, size = read_head(path)
+    except InputError:
+        return False
+    return is_lfs_pointer(head, size)

@@ -22,6 +22,7 @@ from tieaudit.core.errors import InputError, UnsafeInputError
 from tieaudit.core.escape import printable, quoted
 from tieaudit.core.limits import TooLarge, nesting_depth_exceeds, parse_failure, read_limited
 from tieaudit.core.records import DeclaredTie, PickleGlobal, Skipped, StorageInfo, TensorInfo, UnreadTensor
+from tieaudit.formats.hf.variants import is_shard_index, variant_file, variant_of
 from tieaudit.formats.hf_ties import CONFIG, config_ties
 from tieaudit.formats.magic import read_head, refuse_head
 from tieaudit.formats.safetensors import read_header
@@ -39,7 +40,7 @@ DIFFUSERS_INDEX = "diffusion_pytorch_model.safetensors.index.json"
 DIFFUSERS_TORCH = "diffusion_pytorch_model.bin"
 ADAPTER_TORCH = "adapter_model.bin"  # a PEFT adapter's, saved with safe_serialization=False
 TORCH_SINGLES = (TORCH_SINGLE, DIFFUSERS_TORCH, ADAPTER_TORCH)
-LOOKED_FOR = ", ".join((SAFE_SINGLE, SAFE_INDEX, "*.safetensors", TORCH_INDEX, *TORCH_SINGLES))
+LOOKED_FOR = ", ".join((SAFE_SINGLE, SAFE_INDEX, "*.safetensors", TORCH_INDEX, *TORCH_SINGLES, "variants"))
 ADAPTER_CONFIG = "adapter_config.json"  # a PEFT adapter's (formats.hf.layouts reads it)
 READ_BESIDE_WEIGHTS = (CONFIG, ADAPTER_CONFIG, TOKENIZER, *TRAINER_FILES)
 """Files (fnmatch patterns) read beside the weights when present; a file the reader learns to read
@@ -230,9 +231,14 @@ def find_weights(folder: str) -> WeightSet:
             return WeightSet(files=(single,))
         if exists(index):
             return read_index(folder, index)
-    variants = glob.glob(os.path.join(glob.escape(folder), "*.safetensors.index.*.json"))
-    if len(variants) == 1:  # only a variant, sharded (model.safetensors.index.fp16.json): its index
-        return read_index(folder, os.path.basename(variants[0]))
+    try:
+        names = os.listdir(folder)
+    except OSError as exc:
+        raise InputError(f"cannot list folder: {exc.strerror or exc}", folder) from exc
+    variants = [n for n in names if is_shard_index(n) and variant_of(n) and exists(n)]
+    safe = [n for n in variants if ".safetensors." in n]
+    if len(safe) == 1:  # only a variant, sharded (model.safetensors.index.fp16.json): its index
+        return read_index(folder, safe[0])
     loose = sorted(os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(folder), "*.safetensors")))
     plain = set(loose)
     loose = [n for n in loose if n.split(".", 1)[0] + ".safetensors" not in plain or n.count(".") == 1]
@@ -245,6 +251,11 @@ def find_weights(folder: str) -> WeightSet:
     for single in (DIFFUSERS_TORCH, ADAPTER_TORCH):
         if exists(single):
             return WeightSet(files=(single,))
+    if len(variants) == 1:  # only a .bin variant, sharded (pytorch_model.bin.index.fp16.json)
+        return read_index(folder, variants[0])
+    singles = [n for n in names if variant_file(n) and n.endswith(".bin") and exists(n)]
+    if len(singles) == 1:  # only a .bin variant (pytorch_model.fp16.bin)
+        return WeightSet(files=(singles[0],))
     raise InputError(f"no weights found (looked for {LOOKED_FOR})", folder)
 
 
@@ -319,34 +330,6 @@ def check_weight_map(weights: WeightSet, parts: list[FilePart], folder: str) -> 
             raise InputError(
                 f"{weights.index}: weight_map puts {name!r} in {file}, which does not hold it", folder
             )
-
-
-def tokenizer_vocab_size(tokenizer: object) -> int | None:
-    """Max token id + 1 over the model vocabulary and the added tokens of a tokenizer.json."""
-    ids: list[int] = []
-    model = tokenizer.get("model") if isinstance(tokenizer, dict) else None
-    vocab = model.get("vocab") if isinstance(model, dict) else None
-    if isinstance(vocab, dict):
-        ids.extend(v for v in vocab.values() if isinstance(v, int))
-    elif isinstance(vocab, list) and vocab:  # Unigram: the position is the id
-        ids.append(len(vocab) - 1)
-    added = tokenizer.get("added_tokens") if isinstance(tokenizer, dict) else None
-    if isinstance(added, list):
-        ids.extend(t["id"] for t in added if isinstance(t, dict) and isinstance(t.get("id"), int))
-    return max(ids) + 1 if ids else None
-
-
-def read_tokenizer(folder: str) -> tuple[int | None, list[str], list[Skipped]]:
-    """tokenizer.json's vocabulary size, the file read, and a note when it is unreadable."""
-    if not os.path.isfile(os.path.join(folder, TOKENIZER)):
-        return None, [], []
-    try:
-        size = tokenizer_vocab_size(load_json(folder, TOKENIZER))
-    except UnsafeInputError:
-        raise
-    except InputError as exc:
-        return None, [], [Skipped(TOKENIZER, f"{exc.message}; tokenizer vocabulary size unknown")]
-    return size, [TOKENIZER], []
 
 
 def read_config(folder: str) -> tuple[dict[str, Any] | None, list[str]]:

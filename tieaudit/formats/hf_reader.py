@@ -8,7 +8,8 @@ import os
 from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.records import Checkpoint, Skipped
 from tieaudit.formats.hf.layouts import folder_part
-from tieaudit.formats.hf.variants import index_target
+from tieaudit.formats.hf.tokenizer import read_tokenizer
+from tieaudit.formats.hf.variants import ADAPTER_WEIGHTS, is_shard_index, weights_target
 from tieaudit.formats.hf_dir import (
     ADAPTER_CONFIG,
     TOKENIZER,
@@ -23,7 +24,6 @@ from tieaudit.formats.hf_dir import (
     read_config,
     read_index,
     read_part,
-    read_tokenizer,
 )
 from tieaudit.formats.hf_ties import CONFIG, model_config
 from tieaudit.formats.interface import Reader
@@ -33,9 +33,9 @@ from tieaudit.formats.trainer_dir import read_trainer_folder
 def weights_at(path: str) -> tuple[str, WeightSet]:
     """The model folder a checkpoint path reads and its weights: a folder's as ``find_weights``
     chooses them, or those a shard index file lists (a variant beside the plain weights)."""
-    if index_target(path):
-        folder = os.path.dirname(path) or os.curdir
-        return folder, read_index(folder, os.path.basename(path))
+    if weights_target(path):
+        folder, name = os.path.dirname(path) or os.curdir, os.path.basename(path)
+        return folder, read_index(folder, name) if is_shard_index(name) else WeightSet(files=(name,))
     return path, find_weights(path)
 
 
@@ -46,11 +46,13 @@ class HfDirReader(Reader):
     format = "hf-dir"
 
     def sniff(self, path: str, head: bytes) -> bool:
-        return os.path.isdir(path) or index_target(path)
+        return os.path.isdir(path) or weights_target(path)
 
     def read(self, path: str) -> OpenCheckpoint:
         folder, weights = weights_at(path)
-        config, config_files = read_config(folder)
+        adapter = set(weights.files) <= set(ADAPTER_WEIGHTS)  # not a base model saved beside one
+        # An adapter's weights beside its base: config.json is the base's, which PEFT reads apart.
+        config, config_files = (None, []) if adapter and weights_target(path) else read_config(folder)
         parts = [read_part(folder, file, len(weights.files) > 1) for file in weights.files]
         check_weight_map(weights, parts, folder)
         model = tuple(t for part in parts for t in part.tensors)
@@ -61,7 +63,7 @@ class HfDirReader(Reader):
         tokenizer_size, tokenizer_files, tokenizer_notes = read_tokenizer(folder)
         ties, notes = gather_declarations(folder, config, weights, parts=parts)
         part = folder_part(folder)
-        if part is not None and part.layout == "PEFT":  # read for TIE013 and the loader's rule
+        if part is not None and part.layout == "PEFT" and adapter:  # read for TIE013 and the loader's rule
             config_files.append(ADAPTER_CONFIG)
         if part is not None and not part.transformers_config and config is not None:
             notes = [n for n in notes if not n.name.startswith(f"{CONFIG}:architectures")]

@@ -28,7 +28,7 @@ from tieaudit.core.globs import glob_matches, posix_relative
 from tieaudit.formats.bare_pickle import scan
 from tieaudit.formats.hf.layouts import config_only_reason, is_model_folder, loader_gaps
 from tieaudit.formats.hf_cache import CacheSnapshot, cached_argument
-from tieaudit.formats.hf_covered import covered_files, variant_sets
+from tieaudit.formats.hf_covered import beside_sets, covered_files
 from tieaudit.formats.hf_dir import hub_blobs
 from tieaudit.formats.hf_ties import CONFIG
 from tieaudit.formats.magic import GGUF_MAGIC, is_lfs_pointer, might_be_torch, read_head
@@ -151,16 +151,15 @@ class _Walk:
         )
 
     def _model(self, folder: str) -> Iterator[Target]:
-        """A model folder as one target (its files covered), and each sharded variant beside its
-        weights as one more, named by its index file (its shards covered by it)."""
+        """A model folder as one target (its files covered), and each weight set beside its weights
+        (a variant, an adapter) as one more, named by its file (the files read with it covered by it)."""
         model = self._target(folder)
         yield model
         self._enter(folder, model=model)
-        for index, shards in variant_sets(folder):
-            variant = self._target(os.path.join(folder, index))
-            yield variant
-            for name in (index, *shards):
-                self.covered[os.path.abspath(os.path.join(folder, name))] = variant.path
+        for named, parts in beside_sets(folder):  # each yielded where the walk reaches its file
+            variant = os.path.normpath(os.path.join(folder, named))
+            for name in (named, *parts):
+                self.covered[os.path.abspath(os.path.join(folder, name))] = variant
 
     def _is_folder(self, entry: os.DirEntry[str]) -> bool | None:
         """A folder to look into (True), a file to consider (False), or None (error recorded)."""
@@ -274,9 +273,6 @@ class _Walk:
         if model is None:
             return False
         path = os.path.normpath(entry.path)
-        if os.path.abspath(model) == os.path.abspath(path):  # a variant's index: the checkpoint itself
-            self.files.append(FileVerdict(path=path, verdict="audited", target=model))
-            return True
         reason = covered_reason(model, folder=True, onnx=False)
         self.files.append(FileVerdict(path=path, verdict="covered", reason=reason, target=model))
         return True
@@ -315,6 +311,9 @@ class _Walk:
             if entry is None:
                 self.stack.pop()
                 yield from self._folder_done(folder)
+                continue
+            if self.covered.get(os.path.abspath(entry.path)) == os.path.normpath(entry.path):
+                yield self._audited(self._target(entry.path))  # a weight set beside a model's weights
                 continue
             if self._covered(entry):
                 continue

@@ -25,7 +25,7 @@ from tieaudit.core.errors import OutputError, TieauditError, UnsupportedFormatEr
 from tieaudit.core.interrupts import signals_guarded
 from tieaudit.formats import open_checkpoint
 from tieaudit.formats.capabilities import FILE_SUFFIXES
-from tieaudit.formats.hf.variants import index_target, weights_folder
+from tieaudit.formats.hf.variants import weights_folder, weights_target
 from tieaudit.formats.hf_covered import not_copied
 from tieaudit.formats.hf_dir import read_config, torch_weights
 from tieaudit.formats.hf_reader import weights_at
@@ -89,7 +89,7 @@ def convert(source: str, out: str | None, *, dry_run: bool = False) -> ConvertRe
         raise UsageError("say where the output goes: OUT (a new path), or --dry-run to print the plan")
     if not os.path.exists(source):
         raise UsageError("no such file or folder", source)
-    folder = os.path.isdir(source) or index_target(source)
+    folder = os.path.isdir(source) or weights_target(source)
     if out is not None:
         _check_out(folder, out)
     paths = None if dry_run or out is None else check_paths(source, out, False)
@@ -145,7 +145,7 @@ def write_folder(
     ckpt = opened.checkpoint
     folder, weights = weights_at(ckpt.path)
     os.mkdir(staged)
-    skip = not_copied(folder, weights, alone=index_target(ckpt.path))
+    skip = not_copied(folder, weights, alone=weights_target(ckpt.path))
     written = [copy_file(folder, rel, staged) for rel in side_files(folder, skip)]
     records = plan.records
     holder = {t.name: t.file for t in plan.stored}

@@ -26,7 +26,7 @@ from typing import Any
 from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.errors import UnsafeInputError, UnsupportedFormatError, UsageError
 from tieaudit.core.records import Checkpoint, TensorInfo
-from tieaudit.formats.hf.variants import index_target, weights_folder
+from tieaudit.formats.hf.variants import weights_folder, weights_target
 from tieaudit.formats.hf_covered import not_copied
 from tieaudit.formats.hf_dir import (
     WeightSet,
@@ -231,7 +231,7 @@ class HfDirWriter(Writer):
         lenient = plan.all_equal or pickles
         edited = None if config is None else retied_config(ckpt, config, applied, all_equal=lenient)
         os.mkdir(out)
-        rewritten = not_copied(folder, weights, alone=index_target(ckpt.path))
+        rewritten = not_copied(folder, weights, alone=weights_target(ckpt.path))
         if edited is not None:
             rewritten.add(CONFIG)
         written = [copy_file(folder, rel, out) for rel in side_files(folder, rewritten)]

@@ -24,7 +24,7 @@ from tieaudit.core.interrupts import SignalGuard, signals_guarded, worker_pool
 from tieaudit.core.records import Format
 from tieaudit.formats import open_checkpoint
 from tieaudit.formats.gguf_heads import RECONVERT
-from tieaudit.formats.hf.variants import index_target
+from tieaudit.formats.hf.variants import weights_target
 from tieaudit.formats.torchscript import REEXPORT
 from tieaudit.graph import DEFAULT_MIN_BYTES
 from tieaudit.graph.alias import build_graph
@@ -141,10 +141,10 @@ def retie(
     format's loader restores it (``repair.loaders``); all_equal re-ties every equal copy, and the
     plan carries each consequence.
     """
-    if in_place and index_target(source):
+    if in_place and weights_target(source):
         raise UsageError(
-            "--in-place replaces IN, and this IN is a shard index naming one weight set of its folder; "
-            "write the re-tied model folder to OUT instead",
+            "--in-place replaces IN, and this IN names one weight set of its folder (a shard index, a "
+            "variant or an adapter), read with the folder's configs; write the re-tied folder to OUT instead",
             source,
         )
     named = None if in_place else out  # an OUT whose name is checked against the format
@@ -273,6 +273,12 @@ def write_and_publish(
                 notes += verify_output(opened, staged, renamed=renamed, rewritten=rewritten)
             except (VerificationError, ReferenceMismatch) as exc:  # named as OUT: the stage goes away
                 raise type(exc)(f"{exc.message}; nothing was written", paths.out_given) from exc
+            except TieauditError as exc:  # the output read back fails: named as OUT, never the stage
+                if exc.path is None or not os.path.abspath(exc.path).startswith(os.path.abspath(stage)):
+                    raise
+                exc.message = f"the output written cannot be read back ({exc.message}); nothing was written"
+                exc.path = paths.out_given
+                raise
             syncing.result()
         output_bytes = sum(_size(os.path.join(stage, entry)) for entry in os.listdir(stage))
         before_rename(staged)

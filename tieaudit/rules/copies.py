@@ -17,7 +17,8 @@ from tieaudit.core.units import human_bytes
 from tieaudit.formats.capabilities import DEFAULT_RELATIONS, REPRESENTABLE, retied_name
 from tieaudit.formats.family import LOADER, Family, bare_family
 from tieaudit.formats.gguf_heads import RECONVERT
-from tieaudit.formats.hf.variants import index_target, variant_of
+from tieaudit.formats.hf.layouts import unit_loading
+from tieaudit.formats.hf.variants import weights_label, weights_target
 from tieaudit.formats.hf_cache import in_hub_cache, snapshot_of
 from tieaudit.formats.layer_names import layer_template
 from tieaudit.formats.loaders import loader_rule
@@ -35,8 +36,8 @@ def retied_path(path: str, format: Format) -> str:
     shared blobs), or OUT when the current folder is in a cache too."""
     trimmed = path.rstrip("/") or path
     variant = ""
-    if format == "hf-dir" and index_target(trimmed):
-        variant = "-" + variant_of(trimmed) if variant_of(trimmed) else ""
+    if format == "hf-dir" and weights_target(trimmed):
+        variant = "-" + weights_label(trimmed) if weights_label(trimmed) else ""
         trimmed = os.path.dirname(trimmed) or os.curdir
     own = os.path.basename(os.path.abspath(trimmed)) if trimmed in (os.curdir, os.pardir) else None
     parent = os.path.normpath(os.path.join(trimmed, os.pardir)) if own else os.path.dirname(trimmed)
@@ -76,6 +77,10 @@ def _fix(ckpt: Checkpoint, relations: set[str], *, restored: bool, locked: str) 
     if not restored and locked:
         return advice(f"keep them: {locked}")
     all_equal = () if restored else ("--all-equal",)
+    if ckpt.format == "hf-dir" and unit_loading(ckpt.path) is not None:
+        # its unit (modules.json, model_index.json) loads it from its place: a copy beside is never
+        # loaded, so it is re-tied there, the original kept beside as a backup discovery skips
+        return advice(tieaudit_command("retie", ckpt.path, options=(*options, *all_equal, "--in-place")))
     return advice(tieaudit_command("retie", ckpt.path, out, options=(*options, *all_equal)))
 
 

@@ -44,8 +44,7 @@ MODULES = "modules.json"
 MODEL_INDEX = "model_index.json"
 """A diffusers pipeline's components."""
 MAX_MARKER_BYTES = 4 << 20
-"""Largest layout marker read (modules.json, model_index.json, adapter_config.json, a config.json
-looked at for its architecture): real ones are under 10 KiB."""
+"""Largest layout marker read (modules.json, model_index.json, ...): real ones are under 10 KiB."""
 MAX_LAYOUT_ENTRIES = 1000
 """Most modules or components one marker may list: real pipelines have under twenty."""
 FILELESS_MODULES = frozenset({"Normalize"})
@@ -54,8 +53,7 @@ may be absent (the MiniLM package's modules.json lists ``2_Normalize`` and ships
 MAX_VARIANT_TENSORS = 1_000_000
 """Entries of a variant's shard index looked at for missing shards (a real index lists under 100 000)."""
 MARKER_LEVELS = 3
-"""How many folders up a nested sentence-transformers module looks for its model's modules.json
-(a Router keeps its modules one level below its own folder)."""
+"""Folders up a nested sentence-transformers module looks for modules.json (a Router's: one more)."""
 ARCHITECTURE_KEYS = ("architectures", "model_type", "_class_name", "architecture")
 """Keys of a config.json that name a model architecture (transformers, diffusers, timm)."""
 MODEL_MARKERS = (CONFIG, ADAPTER_CONFIG, SAFE_INDEX, TORCH_INDEX, DIFFUSERS_INDEX)
@@ -151,6 +149,15 @@ def folder_part(folder: str) -> Part | None:
     if found is not None:
         return found
     return _by_own_config(folder)
+
+
+def unit_loading(folder: str) -> Part | None:
+    """The part a folder is when its library loads it from its place in a larger unit (a marker above
+    it: a sentence-transformers module, a pipeline component): a re-tied copy elsewhere is not loaded."""
+    part = folder_part(folder) if os.path.isdir(folder) else None
+    if part is None or os.path.dirname(part.marker) == os.path.normpath(folder):
+        return None
+    return part if part.layout in ("sentence-transformers", "diffusers") else None
 
 
 def _by_own_config(folder: str) -> Part | None:
@@ -311,6 +318,12 @@ def adapter_beside(path: str) -> Adapter | None:
     folder = path if os.path.isdir(path) else os.path.dirname(path)
     if not (os.path.isdir(path) or os.path.basename(path).startswith("adapter_model.")):
         return None
+    if os.path.isdir(path):  # a folder is the adapter only when its weights are (not a base beside one)
+        try:
+            if not all(f.startswith("adapter_model.") for f in find_weights(path).files):
+                return None
+        except InputError:
+            return None
     marker = os.path.join(folder, ADAPTER_CONFIG)
     config = read_marker(marker)
     if not isinstance(config, dict):

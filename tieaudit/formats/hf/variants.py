@@ -39,9 +39,36 @@ def variant_of(index: str) -> str:
     return stem.split(".index.", 1)[1] if ".index." in stem else ""
 
 
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+"""A PEFT adapter's weight files (read with the adapter_config.json beside them)."""
+
+
+def weights_target(path: str) -> bool:
+    """Whether path names one weight set of the model folder holding it, read with that folder's
+    configs: a shard index, an unsharded variant beside config.json (``model.fp16.safetensors``:
+    ``from_pretrained(variant=...)`` reads it with that config), or a PEFT adapter's weights beside
+    its adapter_config.json (beside the base model's weights too)."""
+    name, folder = os.path.basename(path), os.path.dirname(path) or os.curdir
+    if not os.path.isfile(path):
+        return False
+    if is_shard_index(name):
+        return True
+    if variant_file(name) and not name.startswith("adapter_model."):
+        return os.path.isfile(os.path.join(folder, "config.json"))
+    return name in ADAPTER_WEIGHTS and os.path.isfile(os.path.join(folder, "adapter_config.json"))
+
+
+def weights_label(path: str) -> str:
+    """How a weight set's retie output is named after its folder: its variant, ``adapter``, or empty."""
+    name = os.path.basename(path)
+    if is_shard_index(name):
+        return variant_of(name)
+    return variant_file(name) or ("adapter" if name in ADAPTER_WEIGHTS else "")
+
+
 def weights_folder(path: str) -> str:
-    """The model folder a checkpoint path reads: the path itself, or the folder of an index file."""
-    return os.path.dirname(path) or os.curdir if index_target(path) else path
+    """The model folder a checkpoint path reads: the path itself, or the folder of a weight set's file."""
+    return os.path.dirname(path) or os.curdir if weights_target(path) else path
 
 
 def beside_weights(folder: str, chosen: str | None) -> list[str]:
@@ -52,3 +79,17 @@ def beside_weights(folder: str, chosen: str | None) -> list[str]:
     except OSError:
         return []
     return sorted(n for n in names if n != chosen and index_target(os.path.join(folder, n)))
+
+
+WEIGHT_STEMS = ("model", "pytorch_model", "diffusion_pytorch_model", "adapter_model")
+"""Names of the weight files transformers, diffusers and PEFT save (before the variant and suffix)."""
+
+
+def variant_file(name: str) -> str:
+    """The variant a weight file's name carries, unsharded (``model.fp16.safetensors``,
+    ``pytorch_model.fp16.bin`` -> ``fp16``), or empty."""
+    stem, dot, suffix = name.rpartition(".")
+    base, _, variant = stem.partition(".")
+    if not dot or suffix not in ("safetensors", "bin") or base not in WEIGHT_STEMS or "-of-" in variant:
+        return ""
+    return variant if variant and "." not in variant else ""
