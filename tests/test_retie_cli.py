@@ -17,7 +17,7 @@ from tieaudit.cli.main import main
 from tieaudit.formats import open_checkpoint
 from tieaudit.gate.files import RETIE_BACKUP
 from tieaudit.gate.hidden import searched_folder
-from tieaudit.repair.publish import BACKUP_SUFFIX
+from tieaudit.repair import BACKUP_SUFFIX
 
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 

@@ -27,7 +27,7 @@ from safetensors.numpy import save_file
 import tieaudit.repair.retie as retie_module
 from tieaudit.cli.main import main
 from tieaudit.formats import open_checkpoint
-from tieaudit.repair.publish import BACKUP_SUFFIX, LEGACY_BACKUP_SUFFIX
+from tieaudit.repair import BACKUP_SUFFIX, LEGACY_BACKUP_SUFFIX
 
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 

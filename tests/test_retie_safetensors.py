@@ -27,7 +27,7 @@ import tieaudit.repair.retie as retie_module
 from tieaudit import load_tied
 from tieaudit.cli.main import main
 from tieaudit.core.errors import OutputError, UnsafeInputError, UsageError
-from tieaudit.repair.publish import BACKUP_SUFFIX
+from tieaudit.repair import BACKUP_SUFFIX
 from tieaudit.repair.retie import retie
 from tieaudit.repair.st_stream import byte_chunks, header_bytes
 

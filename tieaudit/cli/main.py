@@ -33,7 +33,7 @@ from tieaudit.core.interrupts import Interrupted, process_signal
 from tieaudit.core.shell import tieaudit_command
 from tieaudit.core.units import agree, plural
 from tieaudit.core.version import __version__
-from tieaudit.gate.executors import CONNECT_TIMEOUT_S
+from tieaudit.gate import CONNECT_TIMEOUT_S
 from tieaudit.graph import DEFAULT_MIN_BYTES
 
 

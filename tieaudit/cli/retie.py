@@ -6,7 +6,7 @@ import click
 
 from tieaudit.cli.common import SizeParam, cached_input, runs_code_first, user_errors
 from tieaudit.graph import DEFAULT_MIN_BYTES
-from tieaudit.repair.publish import BACKUP_SUFFIX
+from tieaudit.repair import BACKUP_SUFFIX
 
 
 def _relations(value: str | None) -> frozenset[str] | None:

@@ -11,10 +11,11 @@ from tieaudit.audit import Audit
 from tieaudit.core.errors import UsageError
 from tieaudit.core.exit_codes import ExitCode
 from tieaudit.formats.hf_cache import CacheSnapshot
+from tieaudit.gate import CONNECT_TIMEOUT_S
 from tieaudit.gate.across import cross_file_copies
 from tieaudit.gate.baseline import Baseline, fingerprint
 from tieaudit.gate.discover import Discovery, PathError, discover
-from tieaudit.gate.executors import CONNECT_TIMEOUT_S, open_executor
+from tieaudit.gate.executors import open_executor
 from tieaudit.gate.files import LFS_POINTER, FileVerdict
 from tieaudit.gate.glob_use import policy_glob_warnings
 from tieaudit.gate.progress import ProgressBar

@@ -20,6 +20,7 @@ from typing import Any
 from tieaudit.core.errors import UsageError
 from tieaudit.core.escape import printable, quoted
 from tieaudit.core.units import checked_seconds
+from tieaudit.gate import CONNECT_TIMEOUT_S
 from tieaudit.gate.discover import PathError
 from tieaudit.gate.progress import ProgressBar
 from tieaudit.gate.tasks import Executor, Outcomes, Work, audit_chunk, audit_one
@@ -35,8 +36,6 @@ PRELOAD = (
 
 SCHEMES = "local, dask://HOST:PORT (or dask://tcp://HOST:PORT, dask://tls://...)"
 """The --executor values, for the refusal of any other."""
-CONNECT_TIMEOUT_S = 10.0
-"""How long reaching a Dask scheduler may take before check gives up (--connect-timeout)."""
 MAX_SCHEDULER_ADDRESS = 300
 """Longest dask:// address accepted: a DNS name is at most 253 characters; with a protocol, IPv6
 brackets and a port an address stays under 300."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from tieaudit.formats.magic import LFS_POINTER, is_lfs_pointer, recognised_unsupported
-from tieaudit.repair.publish import BACKUP_SUFFIX, STAGE_INFIX
+from tieaudit.repair import BACKUP_SUFFIX, STAGE_INFIX
 
 __all__ = [
     "EXCLUDED",

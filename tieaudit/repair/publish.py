@@ -33,12 +33,8 @@ from tieaudit.core.fsops import (
     same_entry,
 )
 from tieaudit.formats.hf_cache import in_hub_cache
+from tieaudit.repair import BACKUP_SUFFIX, LEGACY_BACKUP_SUFFIX, STAGE_INFIX
 
-STAGE_INFIX = ".tieaudit-stage-"
-BACKUP_SUFFIX = ".tieaudit-backup"
-"""Where --in-place keeps the original: IN + this suffix (check skips such names)."""
-LEGACY_BACKUP_SUFFIX = ".bak"
-"""The backup suffix of earlier versions: an interrupted run of one may have left IN.bak."""
 IN_PLACE_MARKER = "in-place-original"
 """In the stage of an --in-place folder run: 'device inode' of IN before the swap."""
 LINK_UNSUPPORTED = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.EXDEV})

@@ -28,11 +28,11 @@ from tieaudit.formats.hf.variants import weights_target
 from tieaudit.formats.torchscript import REEXPORT
 from tieaudit.graph import DEFAULT_MIN_BYTES
 from tieaudit.graph.alias import build_graph
+from tieaudit.repair import BACKUP_SUFFIX
 from tieaudit.repair.interface import Writer
 from tieaudit.repair.out_name import check_out_name
 from tieaudit.repair.plan import RetiePlan, make_plan
 from tieaudit.repair.publish import (
-    BACKUP_SUFFIX,
     RetiePaths,
     check_paths,
     publish,
