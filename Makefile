@@ -58,6 +58,7 @@ bench: $(STAMP)
 	$(PY) bench/many.py
 	$(PY) bench/runtime.py
 	$(PY) bench/convert.py
+	$(PY) bench/startup.py
 
 # Checkpoints at the sizes users run (bench/scale.py): ~32 GB of generated inputs and outputs under
 # bench/out/scale/, about 15 minutes; drops the page cache for its cold runs where it may (root).
