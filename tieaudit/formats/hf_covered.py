@@ -77,8 +77,8 @@ def not_copied(folder: str, weights: WeightSet, *, alone: bool) -> set[str]:
             skip.update(plain.files, [plain.index] if plain.index else [])
         except InputError:
             pass
-        for name, parts in beside_sets(folder):
-            skip.update((name, *parts) if name not in skip else ())
+        for name, parts in beside_sets(folder):  # its own set among them: already skipped
+            skip.update((name, *parts))
         skip -= {ADAPTER_CONFIG} if set(weights.files) <= set(ADAPTER_WEIGHTS) else set()
     return skip
 

@@ -52,7 +52,7 @@ class HfDirReader(Reader):
         folder, weights = weights_at(path)
         adapter = set(weights.files) <= set(ADAPTER_WEIGHTS)  # not a base model saved beside one
         # An adapter's weights beside its base: config.json is the base's, which PEFT reads apart.
-        config, config_files = (None, []) if adapter and weights_target(path) else read_config(folder)
+        config, config_files = (None, []) if adapter and folder != path else read_config(folder)
         parts = [read_part(folder, file, len(weights.files) > 1) for file in weights.files]
         check_weight_map(weights, parts, folder)
         model = tuple(t for part in parts for t in part.tensors)
