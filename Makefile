@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 # torch is pinned before the project: 2.13.0 is the local CPU wheel; a range would pull a CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: install demo test lint fixtures bench bench-scale fuzz clean tie-table torch-allowlist sweep
+.PHONY: install demo test lint fixtures bench bench-scale fuzz clean tie-table torch-allowlist onnx-descriptor sweep
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,12 @@ tie-table: $(STAMP)
 # run after changing the pinned torch version, then commit the data (tests/test_torch_allowlist.py).
 torch-allowlist: $(STAMP)
 	$(PY) scripts/gen_torch_allowlist.py
+
+# onnx's protobuf schema (tieaudit/formats/onnx_descriptor.py), which the ONNX reader parses with
+# without importing onnx: run after changing the pinned onnx version (tests/test_onnx_proto.py).
+onnx-descriptor: $(STAMP)
+	$(PY) scripts/gen_onnx_descriptor.py
+	$(VENV)/bin/ruff format tieaudit/formats/onnx_descriptor.py
 
 # The architecture sweep (tests/sweep): every class of the tie table that transformers builds tiny
 # on CPU, each variant written, audited, retied and reloaded; tests/sweep/LAST_RUN.md and .json.

@@ -1,6 +1,7 @@
 """What each command imports before it answers (issue 25): ``--version``, ``--help`` and usage errors
 import neither numpy nor the gate nor a format reader, and auditing safetensors, torch and GGUF files
-imports neither onnx nor ml_dtypes nor torch. Each case runs in a fresh interpreter and reports
+imports neither onnx nor ml_dtypes nor torch: not even for an ONNX model, which is parsed with onnx's
+schema captured as data (``formats/onnx_proto``). Each case runs in a fresh interpreter and reports
 ``sys.modules``, so a later import at module level cannot bring them back silently."""
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ PARSING_ONLY = (
 )
 """Nothing answering from the command line alone needs these."""
 NEVER_FOR_AUDIT = ("onnx", "ml_dtypes", "torch", "transformers")
-"""An audit of a safetensors, torch or GGUF file needs none of these."""
+"""An audit of a safetensors, torch, GGUF or ONNX file needs none of these."""
 
 
 def imported(args: list[str], cwd: Path) -> set[str]:
@@ -66,7 +67,29 @@ def test_answers_from_the_command_line_import_no_audit_machinery(args: list[str]
     assert not loaded & set(PARSING_ONLY), sorted(loaded & set(PARSING_ONLY))
 
 
-def test_audits_of_safetensors_torch_and_gguf_files_import_no_onnx_ml_dtypes_or_torch(tmp_path: Path) -> None:
+def _onnx_model(folder: Path) -> None:
+    """An ONNX model with a transposed copy (compared), a float16 tensor in a typed field (decoded)
+    and one tensor in an external data file (located and confined)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = np.random.default_rng(0).standard_normal((256, 64)).astype(np.float32)
+    half = helper.make_tensor(
+        "half", TensorProto.FLOAT16, [4], np.arange(4, dtype=np.float16).view(np.uint16)
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["wte", "ids"], ["h"]), helper.make_node("MatMul", ["h", "head"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 256])],
+        [numpy_helper.from_array(weight, "wte"), numpy_helper.from_array(weight.T.copy(), "head"), half],
+    )
+    model = helper.make_model(graph)
+    onnx.save(model, folder / "m.onnx")
+    onnx.save(model, folder / "x.onnx", save_as_external_data=True, location="x.data", size_threshold=0)
+
+
+def test_audits_of_every_format_import_no_onnx_ml_dtypes_or_torch(tmp_path: Path) -> None:
     import gguf
     import torch
 
@@ -78,7 +101,8 @@ def test_audits_of_safetensors_torch_and_gguf_files_import_no_onnx_ml_dtypes_or_
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    for name in ("m.safetensors", "m.pt", "m.gguf"):
+    _onnx_model(tmp_path)
+    for name in ("m.safetensors", "m.pt", "m.gguf", "m.onnx", "x.onnx"):
         for command in ("check", "inspect"):
             loaded = imported([command, name], tmp_path)
             assert "tieaudit.formats" in loaded  # the probe really audited

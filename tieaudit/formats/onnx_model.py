@@ -1,7 +1,8 @@
 """ONNX models: initializers and Constant values as tensors, plus who consumes them.
 
 Tensors come from the main graph and every subgraph (If/Loop/Scan attributes, recursively).
-The protobuf is parsed from its skeleton (``onnx_wire``): embedded ``raw_data`` is served from a map
+The protobuf is parsed from its skeleton (``onnx_wire``) with onnx's own schema, without importing
+onnx (``onnx_proto``): embedded ``raw_data`` is served from a map
 of the model file like external data, never copied; only typed fields (``float_data``...) are
 decoded into memory. External data is located by tieaudit itself (``onnx_external``),
 never by onnx's loader, so a hostile location cannot make us read outside the model's folder.
@@ -32,6 +33,7 @@ from tieaudit.core.records import (
 from tieaudit.formats.interface import Reader
 from tieaudit.formats.onnx_consumers import ConsumerMap, Scope, is_op, resolve_identities, subgraphs, text
 from tieaudit.formats.onnx_external import ExternalFiles
+from tieaudit.formats.onnx_proto import EXTERNAL, data_type_name, parse_model, typed_field_bytes
 from tieaudit.formats.onnx_tensors import every_tensor
 from tieaudit.formats.onnx_wire import Skeleton, skeleton
 from tieaudit.formats.tie_records import TIES_METADATA_KEY, tieaudit_ties
@@ -100,38 +102,25 @@ def looks_like_model_proto(head: bytes) -> bool:
     return True
 
 
-def load_model(path: str) -> ModelProto:
-    """The ModelProto at path, without external data, every byte in memory (writers need them);
-    parse failures become InputError."""
+def load_model(path: str, *, for_writing: bool = False) -> ModelProto:
+    """The ModelProto at path, without external data, every byte in memory (with onnx's own classes
+    when for_writing); parse failures become InputError."""
     try:
         with open(path, "rb") as handle:
             data = handle.read()
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror or exc}", path) from exc
-    return _parsed(data, path)
+    return parse_model(data, path, for_writing=for_writing)
 
 
-def _parsed(data: bytes, path: str) -> ModelProto:
-    """data parsed as onnx.load parses a file's bytes; failures become InputError."""
-    import onnx
-    from google.protobuf.message import DecodeError  # type: ignore[import-untyped,unused-ignore]
-
-    try:
-        model = onnx.load_model_from_string(data, format="protobuf")
-    except (DecodeError, ValueError, RuntimeError, TypeError) as exc:
-        raise InputError(f"not a valid ONNX protobuf: {one_line(exc)}", path) from exc
-    if not model.HasField("graph"):
-        raise InputError("not a valid ONNX protobuf: the model has no graph", path)
-    return model
-
-
-def load_skeleton(path: str) -> tuple[ModelProto, Skeleton | None]:
+def load_skeleton(path: str, *, for_writing: bool = False) -> tuple[ModelProto, Skeleton | None]:
     """The model at path with each raw_data a placeholder into the skeleton's table (see
-    onnx_wire); (the whole model, None) when the file must be parsed whole."""
+    onnx_wire); (the whole model, None) when the file must be parsed whole. for_writing: parsed
+    with onnx's own classes, which onnx.helper's messages can be added to."""
     found = skeleton(path)
     if found is None:
-        return load_model(path), None
-    return _parsed(found.data, path), found
+        return load_model(path, for_writing=for_writing), None
+    return parse_model(found.data, path, for_writing=for_writing), found
 
 
 class _Collector:
@@ -167,13 +156,8 @@ class _Collector:
 
     def add_tensor(self, proto: TensorProto, value_name: str, graph_path: str) -> str | None:
         """Record one TensorProto; returns its tensor name, or None when it is skipped."""
-        import onnx
-
         name = self._unique_name(text(value_name, "tensor name", self.path), graph_path)
-        try:
-            type_name = onnx.TensorProto.DataType.Name(proto.data_type)
-        except ValueError:
-            type_name = "UNDEFINED"  # a number no ONNX version defines
+        type_name = data_type_name(proto.data_type)
         if type_name == "UNDEFINED":  # no loader can decode it: not a tensor of some other type
             message = f"tensor {quoted(name)} has data type {proto.data_type}, which ONNX does not define"
             raise InputError(message, self.path)
@@ -195,7 +179,7 @@ class _Collector:
         check_viewable(name, shape, (), itemsize=itemsize(dtype), byte_offset=0, path=self.path)
         numel = bounded_product(shape, MAX_BYTES)
         assert numel is not None  # check_viewable bounds it
-        if proto.data_location == onnx.TensorProto.EXTERNAL:
+        if proto.data_location == EXTERNAL:
             storage = self._external(proto, name, dtype, expected=numel * itemsize(dtype))
         else:
             storage = self._embedded(proto, name, dtype, numel=numel)
@@ -237,19 +221,10 @@ class _Collector:
         return storage
 
     def _typed_field_bytes(self, proto: TensorProto, name: str, dtype: str, *, numel: int) -> bytes:
-        from onnx import numpy_helper
-
         try:
-            array = numpy_helper.to_array(proto)
-        except (ValueError, TypeError) as exc:
+            return typed_field_bytes(proto, dtype, numel=numel, itemsize=itemsize(dtype))
+        except ValueError as exc:
             raise InputError(f"tensor {name!r}: cannot decode values: {one_line(exc)}", self.path) from exc
-        if array.size != numel or array.dtype.itemsize != itemsize(dtype):
-            raise InputError(
-                f"tensor {name!r}: holds {array.size} values of {array.dtype.itemsize} bytes, "
-                f"its shape and dtype need {numel} of {itemsize(dtype)}",
-                self.path,
-            )
-        return array.tobytes()
 
     def _entries(self, proto: TensorProto, what: str) -> list[tuple[str, str]]:
         return [
@@ -277,10 +252,8 @@ class _Collector:
 
     def confine_unread(self, model: ModelProto) -> None:
         """Confine the external data of every tensor in the model, read or not (see onnx_tensors)."""
-        import onnx
-
         for where, proto in every_tensor(model):
-            if proto.data_location == onnx.TensorProto.EXTERNAL:
+            if proto.data_location == EXTERNAL:
                 self.external.extent(where, self._entries(proto, where), None)
 
     def _constant(self, node: NodeProto, graph_path: str) -> str | None:

@@ -40,10 +40,9 @@ def _candidates(path: str) -> list[str]:
 
 def _references(model_path: str, target: str) -> bool:
     """Whether a tensor of the model at model_path keeps its bytes in the file target (real path)."""
-    import onnx
-
     from tieaudit.formats.onnx_external import location_parts
     from tieaudit.formats.onnx_model import load_skeleton
+    from tieaudit.formats.onnx_proto import EXTERNAL
     from tieaudit.formats.onnx_tensors import every_tensor
 
     try:
@@ -54,7 +53,7 @@ def _references(model_path: str, target: str) -> bool:
         return False
     base = os.path.dirname(model_path)
     for where, proto in every_tensor(model):
-        if proto.data_location != onnx.TensorProto.EXTERNAL:
+        if proto.data_location != EXTERNAL:
             continue
         location = next((e.value for e in reversed(proto.external_data) if e.key == "location"), "")
         try:
@@ -71,7 +70,7 @@ def external_data_of(path: str) -> tuple[str, ...]:
     spelled relative to path as given (``model.onnx``, ``dir/model.onnx``, ``dir/../model.onnx``
     normalised)."""
     try:
-        import onnx  # noqa: F401  (the reader's own dependency: without it nothing is explained)
+        import google.protobuf  # type: ignore[import-untyped,unused-ignore]  # noqa: F401  (the reader's own dependency: without it nothing is explained)
     except ImportError:
         return ()
     target = os.path.realpath(path)

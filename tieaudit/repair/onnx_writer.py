@@ -290,7 +290,8 @@ class OnnxWriter(Writer):
         ckpt = opened.checkpoint
         import onnx
 
-        model, found = load_skeleton(ckpt.path)  # raw_data as placeholders: the weights stay in the file
+        # raw_data as placeholders: the weights stay in the file
+        model, found = load_skeleton(ckpt.path, for_writing=True)
         edits = _Edits(model=model)
         _index(edits, model.graph, "", scopes=(), taken=set())
         ties: dict[str, dict[str, str]] = {}
