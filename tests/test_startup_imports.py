@@ -37,6 +37,18 @@ PARSING_ONLY = (
 """Nothing answering from the command line alone needs these."""
 NEVER_FOR_AUDIT = ("onnx", "ml_dtypes", "torch", "transformers")
 """An audit of a safetensors, torch, GGUF or ONNX file needs none of these."""
+NOT_FOR_ONE_CLEAN_FILE = (
+    "rich",
+    "multiprocessing",
+    "concurrent.futures.process",
+    "tieaudit.gate.walk",
+    "tieaudit.formats.pickle_vm",
+    "tieaudit.formats.hf.layouts",
+    "tieaudit.formats.tie_table",
+)
+"""`check` of one safetensors or ONNX file without copies needs none of these: no table layout
+(the check report is plain lines), no process pool, no folder walk, no pickle machine, no model
+class table (consulted only to explain a copy)."""
 
 
 def imported(args: list[str], cwd: Path) -> set[str]:
@@ -84,9 +96,11 @@ def _onnx_model(folder: Path) -> None:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 256])],
         [numpy_helper.from_array(weight, "wte"), numpy_helper.from_array(weight.T.copy(), "head"), half],
     )
-    model = helper.make_model(graph)
-    onnx.save(model, folder / "m.onnx")
-    onnx.save(model, folder / "x.onnx", save_as_external_data=True, location="x.data", size_threshold=0)
+    onnx.save(helper.make_model(graph), folder / "m.onnx")
+    external = helper.make_model(graph)
+    onnx.save(external, folder / "x.onnx", save_as_external_data=True, location="x.data", size_threshold=0)
+    del graph.initializer[1]  # no copy left: nothing to explain
+    onnx.save(helper.make_model(graph), folder / "clean.onnx")
 
 
 def test_audits_of_every_format_import_no_onnx_ml_dtypes_or_torch(tmp_path: Path) -> None:
@@ -107,3 +121,10 @@ def test_audits_of_every_format_import_no_onnx_ml_dtypes_or_torch(tmp_path: Path
             loaded = imported([command, name], tmp_path)
             assert "tieaudit.formats" in loaded  # the probe really audited
             assert not loaded & set(NEVER_FOR_AUDIT), (command, name, sorted(loaded & set(NEVER_FOR_AUDIT)))
+    # ONNX and GGUF files are sniffed after torch's (a polyglot is what torch.load makes of it),
+    # which takes the pickle machine: only safetensors, sniffed first, is without it.
+    for name, allowed in (("m.safetensors", set()), ("clean.onnx", {"tieaudit.formats.pickle_vm"})):
+        loaded = imported(["check", name], tmp_path)
+        assert "tieaudit.formats" in loaded
+        unneeded = loaded & set(NOT_FOR_ONE_CLEAN_FILE) - allowed
+        assert not unneeded, (name, sorted(unneeded))

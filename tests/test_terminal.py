@@ -22,7 +22,7 @@ from tieaudit.cli.common import report_width, use_color
 from tieaudit.cli.main import main
 from tieaudit.core.escape import unforgeable_lines
 from tieaudit.core.units import agree, plural
-from tieaudit.report.layout import DEFAULT_WIDTH, MIN_WIDTH
+from tieaudit.report.plain import DEFAULT_WIDTH, MIN_WIDTH
 
 LONG = ("encoder." + ".".join(f"layer_{i:03d}_block" for i in range(12)) + ".attention.output.dense.weight")[
     :150

@@ -185,7 +185,7 @@ def report_width(output: str | None) -> int:
     the terminal's width when the report goes to one, else DEFAULT_WIDTH; at least MIN_WIDTH."""
     import shutil
 
-    from tieaudit.report.layout import DEFAULT_WIDTH, MIN_WIDTH
+    from tieaudit.report.plain import DEFAULT_WIDTH, MIN_WIDTH
 
     columns = os.environ.get("COLUMNS", "")
     if columns.isdigit() and int(columns) > 0:

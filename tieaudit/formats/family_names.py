@@ -29,7 +29,6 @@ prefix that every name carries (``WRAPPER_PREFIXES``). A file saved from a base 
 from __future__ import annotations
 
 import functools
-import importlib.resources
 import json
 import re
 from collections.abc import Collection, Iterable, Sequence
@@ -132,6 +131,8 @@ def _decode(runs: str) -> frozenset[int]:
 @functools.cache
 def _fingerprints() -> _Prints:
     """The packaged fingerprints, parsed on first use."""
+    import importlib.resources  # here: zipfile and pathlib only when the data is read
+
     resource = importlib.resources.files("tieaudit.formats").joinpath(NAMES_RESOURCE)
     with resource.open("rb") as handle:
         raw = handle.read(MAX_NAMES_BYTES + 1)

@@ -5,7 +5,6 @@ loader source, with the commit it was read from. Light: no ``gguf`` import, for 
 
 from __future__ import annotations
 
-import importlib.resources
 import json
 from dataclasses import dataclass
 from functools import cache
@@ -35,6 +34,8 @@ class HeadTable:
 @cache
 def head_table() -> HeadTable:
     """The packaged table (gguf_heads.json)."""
+    import importlib.resources  # here: zipfile and pathlib only when the data is read
+
     text = importlib.resources.files("tieaudit.formats").joinpath(HEADS_RESOURCE).read_text("utf-8")
     raw = json.loads(text)
     return HeadTable(llama_cpp=str(raw["llama_cpp"]), heads={str(k): str(v) for k, v in raw["heads"].items()})

@@ -23,7 +23,6 @@ from tieaudit.formats.hf_dir import (
     load_json,
 )
 from tieaudit.formats.magic import is_lfs_pointer, read_head
-from tieaudit.formats.torchscript import is_torchscript_file
 
 
 def _listed_shards(folder: str, indexes: set[str]) -> set[str]:
@@ -63,6 +62,8 @@ def covered_files(folder: str) -> frozenset[str]:
         covered.discard(ADAPTER_CONFIG)
     # A TorchScript archive the folder's reader refuses (transformers cannot load it) is audited on
     # its own as well, as anywhere else: its report is not hidden behind the folder's.
+    from tieaudit.formats.torchscript import is_torchscript_file  # the pickle machinery: only here
+
     return frozenset(n for n in covered if not is_torchscript_file(os.path.join(folder, n)))
 
 

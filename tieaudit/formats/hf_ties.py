@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from tieaudit.core.errors import InputError
 from tieaudit.core.records import Checkpoint, DeclaredTie, ModelConfig, Skipped, VocabRoles
-from tieaudit.formats.hf.variants import weights_folder
+from tieaudit.formats.hf.variants import CONFIG, weights_folder
 from tieaudit.formats.layer_names import layer_template
 from tieaudit.formats.tie_table import (
     TIE_FLAG,
@@ -39,6 +39,7 @@ MAX_CLASS_NAME = 200
 """Characters of one class name in ``architectures`` (transformers' longest is under 60)."""
 
 __all__ = [
+    "CONFIG",
     "TIE_FLAG",
     "Spelling",
     "TieFlag",
@@ -48,9 +49,6 @@ __all__ = [
     "model_config",
     "resolve_ties",
 ]
-
-CONFIG = "config.json"
-"""A Hugging Face model folder's configuration file."""
 
 
 @dataclass(frozen=True)

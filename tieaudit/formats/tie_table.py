@@ -16,7 +16,6 @@ class's ties depend on (``assumes``) stated differently.
 from __future__ import annotations
 
 import functools
-import importlib.resources
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -364,6 +363,8 @@ class TieTable:
 @functools.cache
 def tie_table() -> TieTable:
     """The packaged table, parsed on first use."""
+    import importlib.resources  # here: zipfile and pathlib only when the data is read
+
     text = importlib.resources.files("tieaudit.formats").joinpath(TABLE_RESOURCE).read_text("utf-8")
     raw = json.loads(text)
     if not isinstance(raw, dict) or raw.get("schema") != TABLE_SCHEMA:

@@ -7,15 +7,12 @@ from __future__ import annotations
 import contextlib
 import importlib
 import ipaddress
-import multiprocessing
 import os
 import re
 import signal
 from collections.abc import Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tieaudit.core.errors import UsageError
 from tieaudit.core.escape import printable, quoted
@@ -24,6 +21,9 @@ from tieaudit.gate import CONNECT_TIMEOUT_S
 from tieaudit.gate.discover import PathError
 from tieaudit.gate.progress import ProgressBar
 from tieaudit.gate.tasks import Executor, Outcomes, Work, audit_chunk, audit_one
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 PRELOAD = (
     "tieaudit.rules.registry",
@@ -170,6 +170,8 @@ def chunks(work: Work, workers: int) -> list[Work]:
 
 
 def _collect(future: Future[Outcomes], chunk: Work) -> Outcomes:
+    from concurrent.futures.process import BrokenProcessPool
+
     try:
         return future.result()
     except BrokenProcessPool:
@@ -180,13 +182,17 @@ def _preload(paths: list[str]) -> None:
     """Import what every worker needs once, here: forked workers share it instead of each paying."""
     modules = list(PRELOAD)
     if any(path.endswith(".onnx") for path in paths):
-        modules.append("onnx")  # the ONNX reader's own lazy import, ~0.3 s per process otherwise
+        modules.append("google.protobuf.message")  # the ONNX reader's own lazy import
     for module in modules:
         with contextlib.suppress(ImportError):  # a speed-up only: a worker importing it reports why
             importlib.import_module(module)
 
 
 def _audit_in_pool(work: Work, workers: int, bar: ProgressBar) -> Outcomes:
+    # Imported here: a single-file audit, which needs no pool, does not pay for them.
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
     _preload([path for path, _ in work])
     parts = chunks(work, workers)
     # fork: workers inherit the imported modules, and no thread runs yet (the bar starts later).

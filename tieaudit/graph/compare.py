@@ -10,7 +10,6 @@ bounded by the block size, not the tensor.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import xxhash
@@ -127,6 +126,8 @@ class BlockComparer:
             return _tiles_equal(left, right, 0, stop=rows)
         # numpy compares each tile without the GIL: a second thread takes the lower half's tiles
         half = rows // 2 // TILE * TILE
+        from concurrent.futures import ThreadPoolExecutor
+
         with ThreadPoolExecutor(1, thread_name_prefix="tieaudit-compare") as pool:
             lower = pool.submit(_tiles_equal, left, right, half, stop=rows)
             upper = _tiles_equal(left, right, 0, stop=half)

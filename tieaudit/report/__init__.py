@@ -11,7 +11,7 @@ from tieaudit.core.units import human_bytes, plural
 from tieaudit.core.version import __version__
 from tieaudit.gate.check import Checked, CheckResult
 from tieaudit.gate.files import skipped_by_reason
-from tieaudit.report.layout import DEFAULT_WIDTH
+from tieaudit.report.plain import DEFAULT_WIDTH
 
 InspectFormat = Literal["text", "json", "dot"]
 """What ``inspect`` writes."""
@@ -103,9 +103,9 @@ def render_check(
         from tieaudit.report.github import render_github
 
         return render_github(result, quiet=quiet)
-    from tieaudit.report.text import render_check_text, render_files
+    from tieaudit.report.plain import render_check_text, render_files
 
-    text = render_check_text(result, color=color, width=width or DEFAULT_WIDTH, errors=errors, quiet=quiet)
+    text = render_check_text(result, color=color, errors=errors, quiet=quiet)
     return text + render_files(result.files) if show_files else text
 
 

@@ -15,11 +15,6 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-DEFAULT_WIDTH = 120
-"""Width of the text report when it goes neither to a terminal nor under COLUMNS (a file, a pipe)."""
-MIN_WIDTH = 40
-"""Narrowest width honoured (a smaller terminal or COLUMNS is treated as this): below it a record's
-labels leave almost nothing for the names."""
 MIN_CELL = 24
 """Characters a table gives each wide column (names, messages) at least; a table that cannot give
 every column its content or this much is printed as records."""

@@ -22,7 +22,7 @@ from tieaudit.core.shell import Advice, Command
 from tieaudit.core.units import human_bytes
 from tieaudit.gate.check import Checked, CheckResult
 from tieaudit.gate.files import skipped_by_reason
-from tieaudit.report.text import config_notes
+from tieaudit.report.plain import config_notes
 from tieaudit.report.training import training_lines
 
 _MARKUP = set("\\`*_[]<>&|~$:")

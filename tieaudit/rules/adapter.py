@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from tieaudit.core.escape import printable, quoted
-from tieaudit.formats.hf.layouts import Adapter, adapter_beside, base_ties
+from tieaudit.formats.hf.variants import may_be_adapter
 from tieaudit.rules.finding import Audited, Finding, Rule
+
+if TYPE_CHECKING:
+    from tieaudit.formats.hf.layouts import Adapter
 
 FIX = (
     "make the adapter with ensure_weight_tying=True (PEFT keeps the tied modules one), or leave the "
@@ -42,6 +46,10 @@ def _saved(module: str, adapter: Adapter) -> bool:
 
 def adapter_findings(audited: Audited) -> Iterator[Finding]:
     """TIE013 for an adapter whose modules_to_save holds a tied module of its base class."""
+    if not may_be_adapter(audited.graph.checkpoint.path):
+        return  # the folder layouts' machinery is imported only for what can be an adapter
+    from tieaudit.formats.hf.layouts import adapter_beside, base_ties
+
     adapter = adapter_beside(audited.graph.checkpoint.path)
     if adapter is None or adapter.ensure_weight_tying or not adapter.modules_to_save:
         return

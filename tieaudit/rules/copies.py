@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from tieaudit.core.components import Components
 from tieaudit.core.escape import printable
@@ -15,17 +16,18 @@ from tieaudit.core.records import Checkpoint, Format
 from tieaudit.core.shell import Advice, advice, tieaudit_command
 from tieaudit.core.units import human_bytes
 from tieaudit.formats.capabilities import DEFAULT_RELATIONS, REPRESENTABLE, retied_name
-from tieaudit.formats.family import LOADER, Family, bare_family
-from tieaudit.formats.gguf_heads import RECONVERT
-from tieaudit.formats.hf.layouts import unit_loading
 from tieaudit.formats.hf.variants import weights_label, weights_target
 from tieaudit.formats.hf_cache import in_hub_cache, snapshot_of
 from tieaudit.formats.layer_names import layer_template
-from tieaudit.formats.loaders import loader_rule
-from tieaudit.formats.torchscript import REEXPORT
 from tieaudit.graph.detect import CopyGroup
 from tieaudit.rules.finding import Audited, Finding, Rule
 from tieaudit.rules.gguf_head import quantized_findings
+
+if TYPE_CHECKING:
+    from tieaudit.formats.family import Family
+
+# The format knowledge below (the class table, loaders' rules, layouts, TorchScript, GGUF) is
+# imported where a copy was found and needs it: an audit that finds none never loads it.
 
 
 def retied_path(path: str, format: Format) -> str:
@@ -58,8 +60,12 @@ def _fix(ckpt: Checkpoint, relations: set[str], *, restored: bool, locked: str) 
     --all-equal where the format's loader would not restore them (restored false; locked: why the
     tie flag may not be set, which makes the advice to keep them instead)."""
     if ckpt.format == "gguf":
+        from tieaudit.formats.gguf_heads import RECONVERT
+
         return advice(RECONVERT)
     if ckpt.format == "torchscript":  # tieaudit does not write TorchScript
+        from tieaudit.formats.torchscript import REEXPORT
+
         return advice(REEXPORT)
     missing = sorted(relations - REPRESENTABLE[ckpt.format])
     if missing:
@@ -77,6 +83,8 @@ def _fix(ckpt: Checkpoint, relations: set[str], *, restored: bool, locked: str) 
     if not restored and locked:
         return advice(f"keep them: {locked}")
     all_equal = () if restored else ("--all-equal",)
+    from tieaudit.formats.hf.layouts import unit_loading
+
     if ckpt.format == "hf-dir" and unit_loading(ckpt.path) is not None:
         # its unit (modules.json, model_index.json) loads it from its place: a copy beside is never
         # loaded, so it is re-tied there, the original kept beside as a backup discovery skips
@@ -138,6 +146,8 @@ def _storage_note(group: CopyGroup) -> str:
 
 def _bare_note(family: Family | None, group: CopyGroup, *, format: Format, restored: bool) -> str:
     """What a bare file's class (recognised from its names, or not) says of a copy group."""
+    from tieaudit.formats.family import LOADER
+
     if family is not None and family.by_construction(group.names):
         then = (
             "retie stores them once all the same: torch.load gives a dropped name back as a view, and "
@@ -177,8 +187,13 @@ def copy_findings(audited: Audited) -> Iterator[Finding]:
     class_ties = ckpt.config.class_ties if ckpt.config is not None else None
     component = Components(class_ties).numbered() if class_ties is not None else None
     templates = ckpt.config.layer_templates if ckpt.config is not None else None
-    rule = loader_rule(ckpt) if groups else None  # retie's default, to say when it needs --all-equal
-    family = bare_family(ckpt) if groups else None  # a bare file's class, from its names
+    rule, family = None, None
+    if groups:
+        from tieaudit.formats.family import bare_family
+        from tieaudit.formats.loaders import loader_rule
+
+        rule = loader_rule(ckpt)  # retie's default, to say when it needs --all-equal
+        family = bare_family(ckpt)  # a bare file's class, from its names
     for group in groups:
         relation = group_relation(group)
         parts = []

@@ -21,7 +21,6 @@ from tieaudit.core.globs import compile_glob, glob_matches, posix_relative
 from tieaudit.core.limits import NotRegularFile, TooLarge, nesting_depth_exceeds, parse_failure, read_limited
 from tieaudit.core.records import DeclaredTie
 from tieaudit.core.units import parse_size
-from tieaudit.formats.pickle_globals import blocked
 from tieaudit.graph import DEFAULT_MIN_BYTES
 from tieaudit.graph.detect import ALL_RELATIONS
 from tieaudit.rules.finding import SEVERITIES, Severity
@@ -222,6 +221,8 @@ def _expected(entries: Any, where: str) -> tuple[DeclaredTie, ...]:
 
 
 def _safe_globals(value: Any, where: str) -> frozenset[str]:
+    from tieaudit.formats.pickle_globals import blocked  # torch's allowlist: only for this key
+
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise UsageError("safe-globals must be an array of dotted names (module.qualname)", where)
     for name in value:

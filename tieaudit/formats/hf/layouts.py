@@ -28,7 +28,7 @@ from typing import Any
 from tieaudit.core.errors import InputError
 from tieaudit.core.escape import quoted
 from tieaudit.core.limits import read_limited
-from tieaudit.formats.hf.variants import beside_weights, is_shard_index
+from tieaudit.formats.hf.variants import ADAPTER_STEM, beside_weights, is_shard_index, may_be_adapter
 from tieaudit.formats.hf_dir import (
     ADAPTER_CONFIG,
     DIFFUSERS_INDEX,
@@ -316,11 +316,11 @@ def adapter_beside(path: str) -> Adapter | None:
     ``adapter_model.bin``) or folder, from its adapter_config.json; None for any other file, or when
     that config cannot be read as one."""
     folder = path if os.path.isdir(path) else os.path.dirname(path)
-    if not (os.path.isdir(path) or os.path.basename(path).startswith("adapter_model.")):
+    if not may_be_adapter(path):
         return None
     if os.path.isdir(path):  # a folder is the adapter only when its weights are (not a base beside one)
         try:
-            if not all(f.startswith("adapter_model.") for f in find_weights(path).files):
+            if not all(f.startswith(ADAPTER_STEM) for f in find_weights(path).files):
                 return None
         except InputError:
             return None

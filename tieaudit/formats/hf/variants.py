@@ -13,6 +13,8 @@ from __future__ import annotations
 import fnmatch
 import os
 
+CONFIG = "config.json"
+"""A Hugging Face model folder's configuration file."""
 SHARD_INDEXES = (
     "*.safetensors.index.json",
     "*.safetensors.index.*.json",
@@ -41,6 +43,14 @@ def variant_of(index: str) -> str:
 
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 """A PEFT adapter's weight files (read with the adapter_config.json beside them)."""
+ADAPTER_STEM = "adapter_model."
+"""How every PEFT adapter weight file's name starts."""
+
+
+def may_be_adapter(path: str) -> bool:
+    """Whether path can be a PEFT adapter: a folder, or a file named like an adapter's weights
+    (the test made before any config is read)."""
+    return os.path.isdir(path) or os.path.basename(path).startswith(ADAPTER_STEM)
 
 
 def weights_target(path: str) -> bool:
@@ -53,8 +63,8 @@ def weights_target(path: str) -> bool:
         return False
     if is_shard_index(name):
         return True
-    if variant_file(name) and not name.startswith("adapter_model."):
-        return os.path.isfile(os.path.join(folder, "config.json"))
+    if variant_file(name) and not name.startswith(ADAPTER_STEM):
+        return os.path.isfile(os.path.join(folder, CONFIG))
     return name in ADAPTER_WEIGHTS and os.path.isfile(os.path.join(folder, "adapter_config.json"))
 
 
