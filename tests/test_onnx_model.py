@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import set_external_data
 
 from tieaudit.core.bytestore import OpenCheckpoint
+from tieaudit.core.dtypes import values
 from tieaudit.core.errors import InputError, UnsafeInputError
 from tieaudit.core.records import Checkpoint, Consumer
 from tieaudit.formats.onnx_model import OnnxReader, looks_like_model_proto
@@ -168,8 +169,8 @@ def test_typed_fields_convert_to_their_canonical_dtypes(tmp_path: Path) -> None:
     ckpt = open_ckpt.checkpoint
     dtypes = {t.name: t.dtype for t in ckpt.tensors}
     assert dtypes == {"f": "float32", "bf": "bfloat16", "f8": "float8_e4m3fn", "i64": "int64", "flag": "bool"}
-    assert open_ckpt.array(ckpt.tensor("bf")).astype(np.float32).tolist() == [1.0, 2.0]
-    assert open_ckpt.array(ckpt.tensor("f8")).astype(np.float32).tolist() == [1.0, -0.5]
+    assert values(open_ckpt.array(ckpt.tensor("bf")), "bfloat16").tolist() == [1.0, 2.0]
+    assert values(open_ckpt.array(ckpt.tensor("f8")), "float8_e4m3fn").tolist() == [1.0, -0.5]
     assert open_ckpt.array(ckpt.tensor("flag")).tolist() == [True, False]
 
 

@@ -106,6 +106,7 @@ def _onnx_model(folder: Path) -> None:
 def test_audits_of_every_format_import_no_onnx_ml_dtypes_or_torch(tmp_path: Path) -> None:
     import gguf
     import torch
+    from safetensors import torch as safetensors_torch
 
     save_file({"a": np.zeros((64, 64), np.float32)}, str(tmp_path / "m.safetensors"))
     torch.save({"a": torch.zeros(8, 8)}, tmp_path / "m.pt")
@@ -116,11 +117,23 @@ def test_audits_of_every_format_import_no_onnx_ml_dtypes_or_torch(tmp_path: Path
     writer.write_tensors_to_file()
     writer.close()
     _onnx_model(tmp_path)
-    for name in ("m.safetensors", "m.pt", "m.gguf", "m.onnx", "x.onnx"):
+    wide = torch.randn(64, 64)  # a bfloat16 and a float8 copy of it: compared by their values
+    casts = {"wide": wide, "half": wide.to(torch.bfloat16), "eighth": wide.to(torch.float8_e4m3fn)}
+    safetensors_torch.save_file(casts, str(tmp_path / "casts.safetensors"))
+    for name in ("m.safetensors", "m.pt", "m.gguf", "m.onnx", "x.onnx", "casts.safetensors"):
         for command in ("check", "inspect"):
             loaded = imported([command, name], tmp_path)
             assert "tieaudit.formats" in loaded  # the probe really audited
             assert not loaded & set(NEVER_FOR_AUDIT), (command, name, sorted(loaded & set(NEVER_FOR_AUDIT)))
+    found = subprocess.run(
+        [sys.executable, "-m", "tieaudit", "check", "casts.safetensors", "--format", "json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    relations = json.loads(found.stdout)["findings"][0]["details"]["relations"]
+    assert relations == {"half": "cast", "eighth": "cast"}  # the casts were really compared
     # ONNX and GGUF files are sniffed after torch's (a polyglot is what torch.load makes of it),
     # which takes the pickle machine: only safetensors, sniffed first, is without it.
     for name, allowed in (("m.safetensors", set()), ("clean.onnx", {"tieaudit.formats.pickle_vm"})):

@@ -41,13 +41,14 @@ def _torch_dtype(dtype: str) -> torch.dtype:
     return found
 
 
-def _bytes_tensor(array: np.ndarray) -> torch.Tensor:
-    """A new torch tensor holding array's values (any dtype, ml_dtypes included), bit for bit."""
+def _bytes_tensor(array: np.ndarray, dtype: str) -> torch.Tensor:
+    """A new torch tensor of canonical dtype holding array's values (bfloat16 and float8: bits),
+    bit for bit."""
     import torch
 
     contiguous = np.ascontiguousarray(array)
     raw = contiguous.reshape(-1).view(np.uint8)
-    return torch.from_numpy(raw.copy()).view(_torch_dtype(str(contiguous.dtype.name))).reshape(array.shape)
+    return torch.from_numpy(raw.copy()).view(_torch_dtype(dtype)).reshape(array.shape)
 
 
 class _StorageCopies:
@@ -88,7 +89,7 @@ class _StorageCopies:
         size = itemsize(tensor.dtype)
         if tensor.byte_offset % size or len(data) % size:
             # A view at an offset the dtype cannot express: its own copy (no sharing possible).
-            return _bytes_tensor(self.opened.array(tensor))
+            return _bytes_tensor(self.opened.array(tensor), tensor.dtype)
         typed = data.view(_torch_dtype(tensor.dtype))
         return typed.as_strided(tensor.shape, tensor.strides, tensor.byte_offset // size)
 
@@ -102,7 +103,8 @@ def _restored(opened: OpenCheckpoint, source: Source, base: torch.Tensor) -> tor
     if source.relation == "transposed":
         return base.permute(*range(base.dim() - 1, -1, -1))
     if source.relation == "cast":
-        return _bytes_tensor(restored_array(opened, source))
+        assert source.dtype is not None  # a cast record names its dtype
+        return _bytes_tensor(restored_array(opened, source), source.dtype)
     return base
 
 

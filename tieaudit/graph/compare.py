@@ -15,7 +15,7 @@ import numpy as np
 import xxhash
 
 from tieaudit.core.bytestore import OpenCheckpoint
-from tieaudit.core.dtypes import itemsize, to_numpy
+from tieaudit.core.dtypes import cast, itemsize, to_numpy, values
 from tieaudit.core.records import TensorInfo
 
 BLOCK_BYTES = 16 << 20
@@ -200,11 +200,10 @@ def cast_bytes(
     """narrow == wide cast to narrow's dtype (round to nearest even, as torch's .to() does)."""
     if wide.shape != narrow.shape or itemsize(wide.dtype) <= itemsize(narrow.dtype):
         return False
-    target = to_numpy(narrow.dtype)
     rows = _rows_per_block(wide)
     pairs = zip(iter_blocks(opened, wide, rows), iter_blocks(opened, narrow, rows), strict=True)
-    with np.errstate(all="ignore"):  # a value out of the narrow type's range casts to inf: not equal
-        return all(comparer.same(a.astype(target), b) for (_, a), (_, b) in pairs)
+    # a value out of the narrow type's range casts to inf (or NaN): not equal
+    return all(comparer.same(cast(a, wide.dtype, narrow.dtype), b) for (_, a), (_, b) in pairs)
 
 
 def full_hash(opened: OpenCheckpoint, tensor: TensorInfo) -> bytes:
@@ -264,7 +263,7 @@ def difference(opened: OpenCheckpoint, first: TensorInfo, second: TensorInfo) ->
         # overflow and inf - inf are part of the answer, not warnings.
         wide = np.complex128 if np.iscomplexobj(left) else np.float64
         with np.errstate(all="ignore"):
-            delta = np.abs(left.astype(wide) - right.astype(wide))
+            delta = np.abs(values(left, first.dtype).astype(wide) - values(right, second.dtype).astype(wide))
         if delta.size:
             worst = max(worst, float(np.nanmax(delta)) if not np.isnan(delta).all() else worst)
         same = np.ascontiguousarray(left).view(np.uint8).reshape(left.size, -1) == np.ascontiguousarray(

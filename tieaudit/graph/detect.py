@@ -14,10 +14,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-import numpy as np
-
 from tieaudit.core.bytestore import OpenCheckpoint
-from tieaudit.core.dtypes import FLOATS, GGML_BLOCK_TYPES, itemsize, to_numpy
+from tieaudit.core.dtypes import FLOATS, GGML_BLOCK_TYPES, cast, itemsize
 from tieaudit.core.records import Checkpoint, TensorInfo
 from tieaudit.graph import DEFAULT_MIN_BYTES
 from tieaudit.graph.compare import (
@@ -161,8 +159,7 @@ class _Search:
         if key not in self.prints:
             values = sample(self.opened, tensor, transposed)
             if as_dtype is not None:
-                with np.errstate(all="ignore"):  # overflow to inf is an answer here, not a warning
-                    values = values.astype(to_numpy(as_dtype))
+                values = cast(values, tensor.dtype, as_dtype)
             self.prints[key] = values.tobytes()
         return self.prints[key]
 

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from tieaudit.core.bytestore import OpenCheckpoint
-from tieaudit.core.dtypes import to_numpy
+from tieaudit.core.dtypes import cast
 from tieaudit.core.escape import printable
 from tieaudit.core.records import Checkpoint, TensorInfo
 from tieaudit.formats.hf_dir import torch_weights
@@ -48,8 +48,9 @@ def _rows_per_block(tensor: TensorInfo) -> int:
     return max(1, REFERENCE_BLOCK_BYTES // row)
 
 
-def _value_block(block: Block, source: Source, first: int, *, stop: int, ndim: int) -> np.ndarray:
-    """Rows first:stop of a name's values, from the loader's stored tensor and the record."""
+def _value_block(block: Block, source: Source, first: int, *, stop: int, ndim: int, of: str) -> np.ndarray:
+    """Rows first:stop of a name's values, from the loader's stored tensor (of dtype of) and the
+    record."""
     if ndim == 0:
         value = block(())
     elif source.relation == "transposed":
@@ -57,7 +58,7 @@ def _value_block(block: Block, source: Source, first: int, *, stop: int, ndim: i
     else:
         value = block((slice(first, stop),))
     if source.relation == "cast" and source.dtype is not None:
-        value = value.astype(to_numpy(source.dtype))
+        value = cast(value, of, source.dtype)
     return value
 
 
@@ -91,6 +92,7 @@ class ReferenceCheck:
         if target is None:
             return f"{name} is missing when the reference loader reads the output"
         dtype, shape = self._loaded.dtype_shape(target.name)
+        kept = dtype  # the stored tensor's (a cast's source)
         if target.relation == "transposed":
             shape = shape[::-1]
         if target.relation == "cast":
@@ -110,10 +112,10 @@ class ReferenceCheck:
         if tensor.numel == 0:
             return None  # no bytes: the dtype and shape are all there is
         with self._loaded.values(target.name) as block, _values(source, tensor.name) as input_block:
-            return self._compare(tensor, target, block=block, input_block=input_block)
+            return self._compare(tensor, target, block=block, input_block=input_block, kept=kept)
 
     def _compare(
-        self, tensor: TensorInfo, target: Source, *, block: Block, input_block: Block | None
+        self, tensor: TensorInfo, target: Source, *, block: Block, input_block: Block | None, kept: str
     ) -> str | None:
         """Block by block: the output's values and the input's, as the reference loader reads
         them, each equal to tieaudit's reading of the input (so equal to each other)."""
@@ -127,12 +129,14 @@ class ReferenceCheck:
         for first in range(0, len(expected), rows) if expected.ndim else [0]:
             want = expected[first : first + rows] if expected.ndim else expected.reshape(1)
             stop = first + len(want)
-            value = _value_block(block, target, first, stop=stop, ndim=expected.ndim)
+            value = _value_block(block, target, first, stop=stop, ndim=expected.ndim, of=kept)
             value = value.reshape(want.shape) if value.size == want.size else value
             if not comparer.same(want, value):
                 return f"{name} differs from the input when the reference loader reads the output"
             if input_block is not None:
-                given = _value_block(input_block, stored, first, stop=stop, ndim=expected.ndim)
+                given = _value_block(
+                    input_block, stored, first, stop=stop, ndim=expected.ndim, of=tensor.dtype
+                )
                 given = given.reshape(want.shape) if given.size == want.size else given
                 if not comparer.same(want, given):
                     return (

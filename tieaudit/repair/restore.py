@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tieaudit.core.bytestore import OpenCheckpoint
-from tieaudit.core.dtypes import to_numpy
+from tieaudit.core.dtypes import cast
 from tieaudit.core.records import Checkpoint
 
 
@@ -43,11 +43,10 @@ def sources(ckpt: Checkpoint) -> dict[str, Source]:
 
 def restored_array(opened: OpenCheckpoint, source: Source) -> np.ndarray:
     """The values of a name (a zero-copy view except for a cast)."""
-    array = opened.array(opened.checkpoint.tensor(source.name))
+    kept = opened.checkpoint.tensor(source.name)
+    array = opened.array(kept)
     if source.relation == "transposed":
         return array.T
     if source.relation == "cast" and source.dtype is not None:
-        with np.errstate(all="ignore"):
-            cast: np.ndarray = array.astype(to_numpy(source.dtype))
-        return cast
+        return cast(array, kept.dtype, source.dtype)
     return array
