@@ -141,3 +141,19 @@ def test_audits_of_every_format_import_no_onnx_ml_dtypes_or_torch(tmp_path: Path
         assert "tieaudit.formats" in loaded
         unneeded = loaded & set(NOT_FOR_ONE_CLEAN_FILE) - allowed
         assert not unneeded, (name, sorted(unneeded))
+
+
+def test_retie_imports_ml_dtypes_only_for_the_types_its_verification_needs(tmp_path: Path) -> None:
+    """The reference loader (the safetensors library's numpy framework) reads bfloat16 and float8
+    only through ml_dtypes' types: imported then (in a thread, while the output is written), and
+    not for a file without them."""
+    import torch
+    from safetensors import torch as safetensors_torch
+
+    wide = torch.randn(64, 64)
+    for name, tensor in (("f32", wide), ("bf16", wide.to(torch.bfloat16))):
+        safetensors_torch.save_file({"a": tensor, "b": tensor.clone()}, str(tmp_path / f"{name}.safetensors"))
+        args = ["retie", f"{name}.safetensors", f"{name}-out.safetensors", "--all-equal"]
+        loaded = imported(args, tmp_path)
+        assert (tmp_path / f"{name}-out.safetensors").is_file(), name  # written and verified
+        assert ("ml_dtypes" in loaded) == (name == "bf16"), name

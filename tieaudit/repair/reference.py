@@ -265,7 +265,7 @@ def reference_check(
     for name, source in loaded.ties().items():
         found.setdefault(name, source)
     input_loaded = input_reference(original)
-    with numpy_float8():
+    with numpy_float8(original.checkpoint, written):
         check = ReferenceCheck(original, loaded, found, source=input_loaded)
         if input_loaded is None and original.checkpoint.format == "torchscript":
             check.notes.append(

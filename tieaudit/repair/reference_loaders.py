@@ -12,8 +12,10 @@ tensors tieaudit does not read), compared whole (``entry_problem``).
 from __future__ import annotations
 
 import os
+import sys
+import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import numpy as np
@@ -25,7 +27,15 @@ from tieaudit.formats.hf_dir import torch_weights
 from tieaudit.repair.reference_base import Block, Loaded, ReferenceMismatch, root_of
 from tieaudit.repair.restore import Source
 
-__all__ = ["Block", "Loaded", "ReferenceMismatch", "load_reference", "numpy_float8", "root_of"]
+__all__ = [
+    "Block",
+    "Loaded",
+    "ReferenceMismatch",
+    "load_reference",
+    "numpy_float8",
+    "preload_ml_dtypes",
+    "root_of",
+]
 
 
 # --- safetensors (files and Hugging Face shards) ------------------------------------------------
@@ -34,9 +44,33 @@ _NUMPY_NAMES = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2f
 """ml_dtypes types the safetensors library looks up as numpy attributes (numpy itself has none)."""
 
 
+def _needs_ml_dtypes(*checkpoints: Checkpoint) -> bool:
+    """Whether a checkpoint holds a tensor numpy reads only through ml_dtypes' types."""
+    dtypes = {t.dtype for ckpt in checkpoints for t in ckpt.tensors}
+    dtypes.update(u.dtype for ckpt in checkpoints for u in ckpt.unread)
+    return any(dtype == "bfloat16" or dtype.startswith("float8") for dtype in dtypes)
+
+
+def _import_ml_dtypes() -> None:
+    with suppress(ImportError):  # numpy_float8 imports it again, and says what is missing
+        import ml_dtypes  # noqa: F401
+
+
+def preload_ml_dtypes(ckpt: Checkpoint) -> None:
+    """Start importing ml_dtypes in a thread when the verification of ckpt's output will need it
+    (numpy_float8): its 0.75 s then overlaps the write, which runs in the kernel without the GIL."""
+    if "ml_dtypes" not in sys.modules and _needs_ml_dtypes(ckpt):
+        threading.Thread(target=_import_ml_dtypes, name="tieaudit-preload", daemon=True).start()
+
+
 @contextmanager
-def numpy_float8() -> Iterator[None]:
-    """numpy.float8_* for the duration (safetensors' numpy framework asks numpy for them by name)."""
+def numpy_float8(*checkpoints: Checkpoint) -> Iterator[None]:
+    """numpy.float8_* for the duration (safetensors' numpy framework asks numpy for them by name),
+    and numpy's "bfloat16" (registered by importing ml_dtypes), when one of the checkpoints holds a
+    tensor of those types: ml_dtypes costs 0.75 s to import."""
+    if not _needs_ml_dtypes(*checkpoints):
+        yield
+        return
     import ml_dtypes
 
     added = [n for n in _NUMPY_NAMES if not hasattr(np, n) and hasattr(ml_dtypes, n)]

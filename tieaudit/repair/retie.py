@@ -40,6 +40,7 @@ from tieaudit.repair.publish import (
     stage_path,
 )
 from tieaudit.repair.reference import ReferenceMismatch
+from tieaudit.repair.reference_loaders import preload_ml_dtypes
 from tieaudit.repair.verify import VerificationError, verify_output
 
 _WRITERS: dict[Format, tuple[str, str]] = {
@@ -265,6 +266,7 @@ def write_and_publish(
     try:
         os.mkdir(stage)
         staged = os.path.join(stage, paths.out.name)
+        preload_ml_dtypes(opened.checkpoint)  # what verification needs, imported while writing
         files = write(staged)
         # Flushing to disk and reading back overlap; the rename waits for both.
         with worker_pool(1, "fsync") as pool:
