@@ -155,20 +155,19 @@ class ByteStore:
         return b"".join(chunks)
 
     def read_runs(self, storage: StorageInfo, start: int, *, stride: int, into: np.ndarray) -> bool:
-        """Fill into (2-D, C-contiguous) row by row with runs of storage bytes: row i from start +
-        i * stride. Read with pread, so no page of the mapping is touched: a column strip of a
-        matrix read through the map would fault in a whole page-cache folio per row. False when
-        the storage is held in memory (read the map then)."""
-        if storage.storage_id in self._memory or into.ndim != 2 or not into.flags.c_contiguous:
+        """Fill into (2-D, each row contiguous; rows may lie further apart than their width) row by
+        row with runs of storage bytes: row i from start + i * stride. Read with pread, so no page
+        of the mapping is touched: a column strip of a matrix read through the map would fault in
+        a whole page-cache folio per row. False when the storage is held in memory (read the map
+        then)."""
+        if storage.storage_id in self._memory or into.ndim != 2 or into.strides[1] != into.itemsize:
             return False
         runs, width = into.shape[0], into.shape[1] * into.itemsize
         if runs and start + (runs - 1) * stride + width > storage.nbytes:
             raise ValueError(f"runs past the end of storage {storage.storage_id}")
         fd = self._fd(storage.file)
-        flat = into.reshape(-1).view(np.uint8).data
         for run in range(runs):
-            target = flat[run * width : (run + 1) * width]
-            if os.preadv(fd, [target], storage.file_offset + start + run * stride) != width:
+            if os.preadv(fd, [into[run]], storage.file_offset + start + run * stride) != width:
                 raise InputError(
                     f"storage {storage.storage_id} is cut short", os.path.join(self.root, storage.file)
                 )
