@@ -132,9 +132,9 @@ def test_reference_verification_imports_no_torch_for_safetensors_and_onnx(
         made = []
         real = verify.reference_check
 
-        def counted(*args):
+        def counted(*args, **kwargs):
             made.append(1)
-            return real(*args)
+            return real(*args, **kwargs)
 
         verify.reference_check = counted
         code = main(["retie", sys.argv[1], sys.argv[2], "--all-equal"])

@@ -21,6 +21,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -33,7 +34,13 @@ from tieaudit.graph.compare import BlockComparer
 from tieaudit.repair.reference_loaders import Block, Loaded, ReferenceMismatch, load_reference, numpy_float8
 from tieaudit.repair.restore import Source, sources
 
-__all__ = ["ReferenceCheck", "ReferenceMismatch", "reference_check"]
+__all__ = [
+    "InputReading",
+    "ReferenceCheck",
+    "ReferenceMismatch",
+    "compare_input",
+    "reference_check",
+]
 
 REFERENCE_BLOCK_BYTES = 2 << 20
 """Bytes read per block: small blocks stay in the CPU cache between the read and the comparison."""
@@ -62,6 +69,66 @@ def _value_block(block: Block, source: Source, first: int, *, stop: int, ndim: i
     return value
 
 
+def _row_blocks(expected: np.ndarray, rows: int) -> Iterator[tuple[int, int, np.ndarray]]:
+    """(first, stop, rows first:stop of expected) a block at a time (a 0-d array: one block)."""
+    if not expected.ndim:
+        yield 0, 1, expected.reshape(1)
+        return
+    for first in range(0, len(expected), rows):
+        want = expected[first : first + rows]
+        yield first, first + len(want), want
+
+
+@dataclass(frozen=True)
+class InputReading:
+    """The reference loader's reading of the input, already compared tensor by tensor with
+    tieaudit's (``compare_input``); loaded is None where that loader is not installed."""
+
+    loaded: Loaded | None
+
+
+def compare_input(original: OpenCheckpoint) -> InputReading:
+    """The reference loader's reading of the input, every tensor it reads compared with tieaudit's
+    reading bit for bit (ReferenceMismatch naming the first that differs). It needs no output:
+    retie runs it while the output is written."""
+    loaded = input_reference(original)
+    if loaded is None:
+        return InputReading(None)
+    tensors = [t for t in original.checkpoint.tensors if t.name in loaded.names]
+    with numpy_float8(original.checkpoint):
+        for tensor in tensors:
+            problem = _input_problem(original, loaded, tensor)
+            if problem is not None:
+                raise ReferenceMismatch(problem, original.checkpoint.path)
+    return InputReading(loaded)
+
+
+def _input_problem(original: OpenCheckpoint, loaded: Loaded, tensor: TensorInfo) -> str | None:
+    """How the reference loader's reading of one input tensor differs from tieaudit's (None: not)."""
+    name = printable(tensor.name)
+    if loaded.dtype_shape(tensor.name) != (tensor.dtype, tensor.shape):
+        in_dtype, in_shape = loaded.dtype_shape(tensor.name)
+        return (
+            f"{name} is {printable(in_dtype)} {list(in_shape)} when the reference loader reads the "
+            f"input, not {tensor.dtype} {list(tensor.shape)} as tieaudit reads it"
+        )
+    if tensor.numel == 0:
+        return None
+    expected = original.array(tensor)
+    comparer = getattr(_local, "comparer", None) or BlockComparer()
+    _local.comparer = comparer
+    release = block_releaser([(original, tensor, expected)])
+    stored = Source(tensor.name, "stored")
+    with loaded.values(tensor.name) as block:
+        for first, stop, want in _row_blocks(expected, _rows_per_block(tensor)):
+            given = _value_block(block, stored, first, stop=stop, ndim=expected.ndim, of=tensor.dtype)
+            if not comparer.same(want, given.reshape(want.shape) if given.size == want.size else given):
+                return f"{name} differs between tieaudit's reading of the input and the reference loader's"
+            if expected.ndim:
+                release(first, stop)
+    return None
+
+
 class ReferenceCheck:
     """The reference loader's reading of one output, compared name by name with the input as
     tieaudit reads it and as the reference loader reads it (``source``: None where that loader is
@@ -73,12 +140,20 @@ class ReferenceCheck:
     """
 
     def __init__(
-        self, original: OpenCheckpoint, loaded: Loaded, found: dict[str, Source], *, source: Loaded | None
+        self,
+        original: OpenCheckpoint,
+        loaded: Loaded,
+        found: dict[str, Source],
+        *,
+        source: Loaded | None,
+        input_compared: bool = False,
     ) -> None:
         self._original = original
         self._loaded = loaded
         self._found = found
         self._source = source
+        self._input_compared = input_compared
+        """The input's reading by source was compared already (compare_input): not again per name."""
         self.notes: list[str] = []
         """What verification could not do as asked (a reference loader not installed)."""
 
@@ -102,7 +177,7 @@ class ReferenceCheck:
                 f"{name} reads back as {printable(dtype)} {list(shape)} with the reference loader, "
                 f"not {tensor.dtype} {list(tensor.shape)}"
             )
-        source = self._source
+        source = None if self._input_compared else self._source
         if source is not None and source.dtype_shape(tensor.name) != (tensor.dtype, tensor.shape):
             in_dtype, in_shape = source.dtype_shape(tensor.name)
             return (
@@ -126,9 +201,7 @@ class ReferenceCheck:
         rows = _rows_per_block(tensor)
         release = block_releaser([(self._original, tensor, expected)])
         stored = Source(tensor.name, "stored")
-        for first in range(0, len(expected), rows) if expected.ndim else [0]:
-            want = expected[first : first + rows] if expected.ndim else expected.reshape(1)
-            stop = first + len(want)
+        for first, stop, want in _row_blocks(expected, rows):
             value = _value_block(block, target, first, stop=stop, ndim=expected.ndim, of=kept)
             value = value.reshape(want.shape) if value.size == want.size else value
             if not comparer.same(want, value):
@@ -242,7 +315,7 @@ def input_reference(original: OpenCheckpoint) -> Loaded | None:
 
 @contextmanager
 def reference_check(
-    original: OpenCheckpoint, written: Checkpoint, out: str
+    original: OpenCheckpoint, written: Checkpoint, out: str, *, input_reading: InputReading | None = None
 ) -> Iterator[ReferenceCheck | None]:
     """The reference loader's reading of out and of the input (None where the output's loader is
     not installed), checked to hold the tensors tieaudit's readings hold; ReferenceMismatch when
@@ -264,9 +337,10 @@ def reference_check(
         found.update((name, s) for name, s in sources(written).items() if name not in found)
     for name, source in loaded.ties().items():
         found.setdefault(name, source)
-    input_loaded = input_reference(original)
+    input_loaded = input_reference(original) if input_reading is None else input_reading.loaded
     with numpy_float8(original.checkpoint, written):
-        check = ReferenceCheck(original, loaded, found, source=input_loaded)
+        compared = input_reading is not None
+        check = ReferenceCheck(original, loaded, found, source=input_loaded, input_compared=compared)
         if input_loaded is None and original.checkpoint.format == "torchscript":
             check.notes.append(
                 "the input was read for verification by tieaudit's own reader only: the one loader of a "

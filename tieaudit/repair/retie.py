@@ -39,7 +39,7 @@ from tieaudit.repair.publish import (
     publish_in_place,
     stage_path,
 )
-from tieaudit.repair.reference import ReferenceMismatch
+from tieaudit.repair.reference import ReferenceMismatch, compare_input
 from tieaudit.repair.reference_loaders import preload_ml_dtypes
 from tieaudit.repair.verify import VerificationError, verify_output
 
@@ -267,12 +267,17 @@ def write_and_publish(
         os.mkdir(stage)
         staged = os.path.join(stage, paths.out.name)
         preload_ml_dtypes(opened.checkpoint)  # what verification needs, imported while writing
-        files = write(staged)
-        # Flushing to disk and reading back overlap; the rename waits for both.
-        with worker_pool(1, "fsync") as pool:
+        # The reference loader reads the input while the output is written; the output is read
+        # back while it is flushed to disk; the rename waits for all of them.
+        with worker_pool(1, "input") as reader, worker_pool(1, "fsync") as pool:
+            reading = reader.submit(compare_input, opened)
+            files = write(staged)
             syncing = pool.submit(_fsync_all, files)
             try:
-                notes += verify_output(opened, staged, renamed=renamed, rewritten=rewritten)
+                compared = reading.result()
+                notes += verify_output(
+                    opened, staged, renamed=renamed, rewritten=rewritten, input_reading=compared
+                )
             except (VerificationError, ReferenceMismatch) as exc:  # named as OUT: the stage goes away
                 raise type(exc)(f"{exc.message}; nothing was written", paths.out_given) from exc
             except TieauditError as exc:  # the output read back fails: named as OUT, never the stage

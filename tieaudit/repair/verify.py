@@ -21,7 +21,13 @@ from tieaudit.core.interrupts import worker_pool
 from tieaudit.core.records import Checkpoint, TensorInfo
 from tieaudit.formats import open_checkpoint
 from tieaudit.graph.compare import BlockComparer
-from tieaudit.repair.reference import ReferenceCheck, block_releaser, loader_name, reference_check
+from tieaudit.repair.reference import (
+    InputReading,
+    ReferenceCheck,
+    block_releaser,
+    loader_name,
+    reference_check,
+)
 from tieaudit.repair.restore import Source, restored_array, sources
 
 BLOCK_ROWS_BYTES = 16 << 20
@@ -100,6 +106,7 @@ def verify_output(
     *,
     renamed: Mapping[str, str | None] | None = None,
     rewritten: tuple[str, ...] = (),
+    input_reading: InputReading | None = None,
 ) -> list[str]:
     """Re-read out; raise VerificationError naming the first name that is missing or differs.
     Returns notes on what could not be done as asked (a reference loader not installed: that side
@@ -107,12 +114,17 @@ def verify_output(
 
     renamed: original names the plan moves (optimizer state renumbered: compared under the new
     name) or discards (None: not compared); rewritten: prefixes under which the plan changes
-    non-tensor values on purpose (``RetiePlan.rewritten``). Names are compared by two threads:
+    non-tensor values on purpose (``RetiePlan.rewritten``); input_reading: the reference loader's
+    reading of the input, compared already (``compare_input``; None: compared here, name by name).
+    Names are compared by two threads:
     memcmp and the page faults behind it run outside the GIL.
     """
     moves = renamed or {}
     kept = [(t, moves.get(t.name, t.name)) for t in original.checkpoint.tensors]
-    with open_checkpoint(out) as written, reference_check(original, written.checkpoint, out) as reference:
+    with (
+        open_checkpoint(out) as written,
+        reference_check(original, written.checkpoint, out, input_reading=input_reading) as reference,
+    ):
         provided = sources(written.checkpoint)
         with worker_pool(VERIFY_THREADS, "verify") as pool:
             problems = pool.map(
