@@ -21,6 +21,10 @@ from tieaudit.core.interrupts import worker_pool
 from tieaudit.core.records import TensorInfo
 
 BLOCK_BYTES = 16 << 20
+TRANSPOSED_BLOCK_BYTES = 64 << 20
+"""Bytes of a block of rows a transposed comparison reads at a time (two strips of the other tensor
+are held beside it): its strip is read by one pread per row of the other tensor, and wider runs mean
+fewer calls (a 2048-column matrix: 32 KiB runs, 0.25 s for 0.8 GB where 16 MiB blocks took 0.35)."""
 SAMPLE_COUNT = 16  # enough to tell random matrices apart; exact comparison decides
 
 
@@ -33,9 +37,9 @@ def _is_contiguous(tensor: TensorInfo) -> bool:
     return True
 
 
-def _rows_per_block(tensor: TensorInfo) -> int:
+def _rows_per_block(tensor: TensorInfo, block_bytes: int = BLOCK_BYTES) -> int:
     row_bytes = max(1, tensor.nbytes // max(1, tensor.shape[0])) if tensor.shape else tensor.nbytes
-    return max(1, BLOCK_BYTES // max(1, row_bytes))
+    return max(1, block_bytes // max(1, row_bytes))
 
 
 def _as_rows(array: np.ndarray) -> np.ndarray:
@@ -193,7 +197,7 @@ def transposed_bytes(
         first, second = second, first
     other = opened.array(second)
     begin, end = second.byte_span()
-    rows, height = _rows_per_block(first), first.shape[0]
+    rows, height = _rows_per_block(first, TRANSPOSED_BLOCK_BYTES), first.shape[0]
     buffers: dict[tuple[int, int], np.ndarray] = {}  # two per strip shape: one read, one compared
 
     def strip(row: int) -> np.ndarray:
