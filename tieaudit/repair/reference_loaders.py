@@ -11,6 +11,7 @@ tensors tieaudit does not read), compared whole (``entry_problem``).
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -20,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from tieaudit.core.dtypes import ITEMSIZE
 from tieaudit.core.errors import TieauditError, one_line
 from tieaudit.core.escape import printable
 from tieaudit.core.records import Checkpoint
@@ -83,6 +85,10 @@ def numpy_float8(*checkpoints: Checkpoint) -> Iterator[None]:
             delattr(np, name)
 
 
+SHARED_HANDLE_BYTES = 32 << 20
+"""Largest tensor the safetensors reference loader reads through one handle (see values)."""
+
+
 class _Safetensors(Loaded):
     """Each file is opened once for its names and metadata, then once per tensor compared: a file
     stays mapped only while one of its tensors is read, so resident memory stays bounded."""
@@ -141,14 +147,21 @@ class _Safetensors(Loaded):
 
     @contextmanager
     def values(self, name: str) -> Iterator[Block]:
-        """Each block read through a safe_open of its own: the library maps the whole file and
-        the pages a block touches stay resident until the handle closes, so one handle per tensor
-        kept a whole tensor (the embedding, twice with two verifying threads) in memory. A block
-        is a copy, so it outlives its handle; an open costs a header parse."""
-        path = self._info[name][0]
+        """The library maps the whole file and the pages a block touches stay resident until the
+        handle closes: a tensor of at most SHARED_HANDLE_BYTES is read through one handle (the
+        pages it holds resident are bounded by it), a larger one (the embedding) through a handle
+        per block, so that it is never whole in memory. A block is a copy, so it outlives its
+        handle; an open costs a header parse (a 2 GB file's 900 blocks: 0.3 s)."""
+        path, dtype, shape = self._info[name]
+        file = os.path.basename(path)
+        if math.prod(shape) * ITEMSIZE.get(dtype, 16) <= SHARED_HANDLE_BYTES:
+            with self._open(path, file) as handle:
+                piece = handle.get_slice(name)
+                yield lambda index: piece[index] if index else piece[...]
+            return
 
         def block(index: tuple[slice, ...]) -> np.ndarray:
-            with self._open(path, os.path.basename(path)) as handle:
+            with self._open(path, file) as handle:
                 piece = handle.get_slice(name)
                 array: np.ndarray = piece[index] if index else piece[...]
                 return array
