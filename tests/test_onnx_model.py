@@ -568,3 +568,49 @@ def test_sniff_recognises_model_protos_by_content(tmp_path: Path) -> None:
 def test_importing_the_reader_does_not_import_onnx() -> None:
     code = "import sys, tieaudit.formats.onnx_model; sys.exit('onnx' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_tensors_it_does_not_read_are_listed_by_where_they_are(tmp_path: Path) -> None:
+    """A function's Constant, a training graph's initializer and ConstantOfShape's value are not
+    read, and are listed in skipped (never silently left out); read and already-listed tensors
+    (initializers, Constant values, sparse initializers) are not listed again."""
+    value = helper.make_tensor("v", TensorProto.FLOAT, [1], [0.0])
+    nodes = [
+        helper.make_node("ConstantOfShape", ["shape"], ["z"], value=value),
+        helper.make_node(
+            "Constant", [], ["k"], value=helper.make_tensor("k", TensorProto.FLOAT, [2], [1, 2])
+        ),
+    ]
+    sparse = helper.make_sparse_tensor(
+        helper.make_tensor("sv", TensorProto.FLOAT, [1], [1.0]),
+        helper.make_tensor("si", TensorProto.INT64, [1], [0]),
+        [4],
+    )
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("shape", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+        [helper.make_tensor("w", TensorProto.FLOAT, [2], [3.0, 4.0])],
+        sparse_initializer=[sparse],
+    )
+    constant = helper.make_node(
+        "Constant", [], ["b"], value=helper.make_tensor("c", TensorProto.FLOAT, [2], [1, 2])
+    )
+    function = helper.make_function("dom", "F", ["a"], ["b"], [constant], [helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, functions=[function], opset_imports=[helper.make_opsetid("", 17)])
+    training = onnx.TrainingInfoProto()
+    training.initialization.CopyFrom(
+        helper.make_graph([], "init", [], [], [helper.make_tensor("tw", TensorProto.FLOAT, [1], [0.0])])
+    )
+    model.training_info.append(training)
+    onnx.save_model(model, tmp_path / "m.onnx")
+    ckpt = _read(tmp_path / "m.onnx").checkpoint
+    assert sorted(t.name for t in ckpt.tensors) == ["k", "w"]
+    unread = sorted(s.name for s in ckpt.skipped if s.reason.startswith("a tensor tieaudit does not read"))
+    assert unread == [
+        "attribute 'value' of node #0 ('Constant') in function 'F'",
+        "attribute 'value' of node #0 ('ConstantOfShape') in the main graph",
+        "initializer 'tw' in training_info[0].initialization",
+    ]
+    assert [s.name for s in ckpt.skipped if "sparse" in s.reason] == ["sv"]  # listed once

@@ -65,6 +65,11 @@ ONNX_DTYPES: dict[str, str] = {
 }
 """TensorProto.DataType names -> canonical dtypes; others (strings, 4-bit, ...) are skipped."""
 
+UNREAD_TENSOR = (
+    "a tensor tieaudit does not read (it reads initializers and Constant values); external data confined"
+)
+"""Why a TensorProto elsewhere (functions, training graphs, other node attributes) is listed in skipped."""
+
 _MODEL_FIELDS: dict[int, int] = {1: 0, 2: 2, 3: 2, 4: 2, 5: 0, 6: 2, 7: 2, 8: 2, 14: 2, 20: 2, 25: 2, 26: 2}
 """ModelProto field number -> protobuf wire type (0 varint, 2 length-delimited)."""
 
@@ -139,6 +144,8 @@ class _Collector:
         self.consumers = ConsumerMap(path)
         self.aliases: dict[str, str] = {}
         self.skipped: list[Skipped] = []
+        self.accounted: list[TensorProto] = []
+        """Every TensorProto read or already listed in skipped (held: their ids must stay unique)."""
         self.files: list[str] = [self.model_file]
         self.taken: set[str] = set()
         self.suffixes: dict[str, int] = {}
@@ -156,6 +163,7 @@ class _Collector:
 
     def add_tensor(self, proto: TensorProto, value_name: str, graph_path: str) -> str | None:
         """Record one TensorProto; returns its tensor name, or None when it is skipped."""
+        self.accounted.append(proto)
         name = self._unique_name(text(value_name, "tensor name", self.path), graph_path)
         type_name = data_type_name(proto.data_type)
         if type_name == "UNDEFINED":  # no loader can decode it: not a tensor of some other type
@@ -251,10 +259,15 @@ class _Collector:
         return self.storages[storage_id]
 
     def confine_unread(self, model: ModelProto) -> None:
-        """Confine the external data of every tensor in the model, read or not (see onnx_tensors)."""
+        """Confine the external data of every tensor in the model, read or not (see onnx_tensors),
+        and list each one not read (a function's, a training graph's, a non-Constant node
+        attribute's such as ConstantOfShape's value) in skipped: never silently left out."""
+        accounted = {id(proto) for proto in self.accounted}
         for where, proto in every_tensor(model):
             if proto.data_location == EXTERNAL:
                 self.external.extent(where, self._entries(proto, where), None)
+            if id(proto) not in accounted:
+                self.skipped.append(Skipped(where, UNREAD_TENSOR))
 
     def _constant(self, node: NodeProto, graph_path: str) -> str | None:
         output = text(node.output[0], "value name", self.path)
@@ -263,6 +276,9 @@ class _Collector:
                 return self.add_tensor(attr.t, output, graph_path)
         kinds = ", ".join(text(attr.name, "attribute name", self.path) for attr in node.attribute) or "no"
         self.skipped.append(Skipped(output, f"Constant with {kinds} attribute, not a tensor value"))
+        for attr in node.attribute:  # a sparse_value's tensors: listed by this entry
+            if attr.HasField("sparse_tensor"):
+                self.accounted += [attr.sparse_tensor.values, attr.sparse_tensor.indices]
         return None
 
     def _define_values(self, graph: GraphProto, graph_path: str, scope: Scope) -> None:
@@ -281,6 +297,7 @@ class _Collector:
         for sparse in graph.sparse_initializer:
             sparse_name = text(sparse.values.name, "sparse initializer name", self.path)
             self.skipped.append(Skipped(sparse_name, "sparse initializer (external data confined, not read)"))
+            self.accounted += [sparse.values, sparse.indices]
             scope[sparse.values.name] = None
         for node in graph.node:
             for output in node.output:
