@@ -4,7 +4,7 @@ typed-field decoding to onnx's own (``onnx.numpy_helper.to_array`` is the refere
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -16,8 +16,6 @@ from tieaudit.core.errors import InputError
 from tieaudit.formats.onnx_descriptor import SERIALIZED
 from tieaudit.formats.onnx_model import ONNX_DTYPES
 from tieaudit.formats.onnx_proto import EXTERNAL, data_type_name, parse_model, typed_field_bytes
-
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "generated" / "onnx"
 
 
 def test_the_committed_schema_is_the_installed_onnxs() -> None:
@@ -39,15 +37,15 @@ def _parsed_alike(data: bytes) -> None:
     assert type(ours) is not type(theirs)  # really parsed without onnx's classes
 
 
-def test_models_parse_as_onnx_parses_them() -> None:
-    files = sorted(FIXTURES.rglob("*.onnx"))
+def test_models_parse_as_onnx_parses_them(corpus: Any) -> None:
+    files = sorted((corpus.root / "onnx").rglob("*.onnx"))
     assert len(files) >= 5
     for path in files:
         _parsed_alike(path.read_bytes())
 
 
-def test_bytes_onnx_refuses_are_refused() -> None:
-    data = (FIXTURES / "helper_shared.onnx").read_bytes()
+def test_bytes_onnx_refuses_are_refused(corpus: Any) -> None:
+    data = (corpus.root / "onnx" / "helper_shared.onnx").read_bytes()
     for bad in (data[:-3], data + b"\xff", b"\x08\x07\x3a\x05\x0a"):
         with pytest.raises(Exception):  # noqa: B017  (onnx raises DecodeError)
             onnx.load_model_from_string(bad)
@@ -57,8 +55,10 @@ def test_bytes_onnx_refuses_are_refused() -> None:
         parse_model(b"\x08\x07", "m.onnx")
 
 
-def test_writers_get_onnxs_own_classes() -> None:
-    model = parse_model((FIXTURES / "helper_shared.onnx").read_bytes(), "m.onnx", for_writing=True)
+def test_writers_get_onnxs_own_classes(corpus: Any) -> None:
+    model = parse_model(
+        (corpus.root / "onnx" / "helper_shared.onnx").read_bytes(), "m.onnx", for_writing=True
+    )
     assert isinstance(model, onnx.ModelProto)
     model.graph.node.append(helper.make_node("Identity", ["a"], ["b"]))  # onnx.helper's messages fit
 
