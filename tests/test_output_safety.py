@@ -222,3 +222,19 @@ def test_runtime_report_escapes_initializer_names(tmp_path: Path) -> None:
     assert "emb\\n::error file=m.onnx::forged\\x1b[31m" in done.stdout  # the shared initializer, named
     _assert_clean(done.stdout)
     _assert_clean(done.stderr)
+
+
+def test_another_kind_of_file_named_safetensors_is_said_to_be_no_safetensors_file(tmp_path: Path) -> None:
+    """A PNG (or any file whose first 8 bytes make an impossible header length and whose 9th cannot
+    start JSON) is named as not a safetensors file, its first bytes shown escaped, not as a header
+    length of 7e17 bytes; a real header too long for the file is still told as that."""
+    image = tmp_path / "photo.safetensors"
+    image.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(64))
+    done = _run("check", str(image))
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "not a safetensors file" in done.stderr and "b'\\x89PNG\\r\\n\\x1a\\n'" in done.stderr
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes((1000).to_bytes(8, "little") + b'{"a": 1}')
+    done = _run("check", str(cut))
+    assert done.returncode == 2 and "runs past the end of the 16-byte file" in done.stderr, done.stderr

@@ -176,10 +176,18 @@ def _read_raw(path: str) -> tuple[bytes, int]:
     try:
         with open(path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
-            prefix = handle.read(8)
+            prefix = handle.read(9)
             if len(prefix) < 8:
                 raise InputError("truncated: shorter than the 8-byte header length", path)
-            (header_len,) = struct.unpack("<Q", prefix)
+            (header_len,) = struct.unpack("<Q", prefix[:8])
+            implausible = header_len > MAX_HEADER_BYTES or 8 + header_len > size
+            if implausible and len(prefix) == 9 and prefix[8:] not in b"{ \t\r\n":
+                # a length no file could have, and no JSON object after it: another kind of file
+                raise InputError(
+                    "not a safetensors file: it does not start with a header (an 8-byte length, then "
+                    f"a JSON object); its first bytes are {prefix[:8]!r}",
+                    path,
+                )
             if header_len > MAX_HEADER_BYTES:
                 raise InputError(
                     f"header length {header_len} exceeds the {MAX_HEADER_BYTES}-byte limit", path
@@ -188,7 +196,8 @@ def _read_raw(path: str) -> tuple[bytes, int]:
                 raise InputError(
                     f"header length {header_len} runs past the end of the {size}-byte file", path
                 )
-            return handle.read(header_len), size
+            first = prefix[8 : 8 + header_len]  # the header's first byte, read with the length
+            return first + handle.read(header_len - len(first)), size
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror or exc}", path) from exc
 
