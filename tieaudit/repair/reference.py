@@ -146,14 +146,13 @@ class ReferenceCheck:
         found: dict[str, Source],
         *,
         source: Loaded | None,
-        input_compared: bool = False,
     ) -> None:
         self._original = original
         self._loaded = loaded
         self._found = found
         self._source = source
-        self._input_compared = input_compared
-        """The input's reading by source was compared already (compare_input): not again per name."""
+        """The reference loader's reading of the input, compared already (compare_input): here
+        for the entries beyond the tensors (rest_problem)."""
         self.notes: list[str] = []
         """What verification could not do as asked (a reference loader not installed)."""
 
@@ -177,44 +176,23 @@ class ReferenceCheck:
                 f"{name} reads back as {printable(dtype)} {list(shape)} with the reference loader, "
                 f"not {tensor.dtype} {list(tensor.shape)}"
             )
-        source = None if self._input_compared else self._source
-        if source is not None and source.dtype_shape(tensor.name) != (tensor.dtype, tensor.shape):
-            in_dtype, in_shape = source.dtype_shape(tensor.name)
-            return (
-                f"{name} is {printable(in_dtype)} {list(in_shape)} when the reference loader reads the "
-                f"input, not {tensor.dtype} {list(tensor.shape)} as tieaudit reads it"
-            )
         if tensor.numel == 0:
             return None  # no bytes: the dtype and shape are all there is
-        with self._loaded.values(target.name) as block, _values(source, tensor.name) as input_block:
-            return self._compare(tensor, target, block=block, input_block=input_block, kept=kept)
+        with self._loaded.values(target.name) as block:
+            return self._compare(tensor, target, block=block, kept=kept)
 
-    def _compare(
-        self, tensor: TensorInfo, target: Source, *, block: Block, input_block: Block | None, kept: str
-    ) -> str | None:
-        """Block by block: the output's values and the input's, as the reference loader reads
-        them, each equal to tieaudit's reading of the input (so equal to each other)."""
+    def _compare(self, tensor: TensorInfo, target: Source, *, block: Block, kept: str) -> str | None:
+        """Block by block: the output's values as the reference loader reads them, equal to
+        tieaudit's reading of the input (which compare_input held to the loader's reading of it)."""
         name = printable(tensor.name)
         expected = self._original.array(tensor)
         comparer = getattr(_local, "comparer", None) or BlockComparer()
         _local.comparer = comparer
-        rows = _rows_per_block(tensor)
         release = block_releaser([(self._original, tensor, expected)])
-        stored = Source(tensor.name, "stored")
-        for first, stop, want in _row_blocks(expected, rows):
+        for first, stop, want in _row_blocks(expected, _rows_per_block(tensor)):
             value = _value_block(block, target, first, stop=stop, ndim=expected.ndim, of=kept)
-            value = value.reshape(want.shape) if value.size == want.size else value
-            if not comparer.same(want, value):
+            if not comparer.same(want, value.reshape(want.shape) if value.size == want.size else value):
                 return f"{name} differs from the input when the reference loader reads the output"
-            if input_block is not None:
-                given = _value_block(
-                    input_block, stored, first, stop=stop, ndim=expected.ndim, of=tensor.dtype
-                )
-                given = given.reshape(want.shape) if given.size == want.size else given
-                if not comparer.same(want, given):
-                    return (
-                        f"{name} differs between tieaudit's reading of the input and the reference loader's"
-                    )
             if expected.ndim:  # the input's pages of this block, read again here, go back too
                 release(first, stop)
         return None
@@ -243,15 +221,6 @@ class ReferenceCheck:
             if problem is not None:
                 return f"{printable(name)} {problem}"
         return None
-
-
-@contextmanager
-def _values(loaded: Loaded | None, name: str) -> Iterator[Block | None]:
-    if loaded is None:
-        yield None
-        return
-    with loaded.values(name) as block:
-        yield block
 
 
 def block_releaser(
@@ -315,7 +284,7 @@ def input_reference(original: OpenCheckpoint) -> Loaded | None:
 
 @contextmanager
 def reference_check(
-    original: OpenCheckpoint, written: Checkpoint, out: str, *, input_reading: InputReading | None = None
+    original: OpenCheckpoint, written: Checkpoint, out: str, *, input_reading: InputReading
 ) -> Iterator[ReferenceCheck | None]:
     """The reference loader's reading of out and of the input (None where the output's loader is
     not installed), checked to hold the tensors tieaudit's readings hold; ReferenceMismatch when
@@ -337,10 +306,9 @@ def reference_check(
         found.update((name, s) for name, s in sources(written).items() if name not in found)
     for name, source in loaded.ties().items():
         found.setdefault(name, source)
-    input_loaded = input_reference(original) if input_reading is None else input_reading.loaded
+    input_loaded = input_reading.loaded
     with numpy_float8(original.checkpoint, written):
-        compared = input_reading is not None
-        check = ReferenceCheck(original, loaded, found, source=input_loaded, input_compared=compared)
+        check = ReferenceCheck(original, loaded, found, source=input_loaded)
         if input_loaded is None and original.checkpoint.format == "torchscript":
             check.notes.append(
                 "the input was read for verification by tieaudit's own reader only: the one loader of a "

@@ -106,7 +106,7 @@ def verify_output(
     *,
     renamed: Mapping[str, str | None] | None = None,
     rewritten: tuple[str, ...] = (),
-    input_reading: InputReading | None = None,
+    input_reading: InputReading,
 ) -> list[str]:
     """Re-read out; raise VerificationError naming the first name that is missing or differs.
     Returns notes on what could not be done as asked (a reference loader not installed: that side
@@ -115,7 +115,7 @@ def verify_output(
     renamed: original names the plan moves (optimizer state renumbered: compared under the new
     name) or discards (None: not compared); rewritten: prefixes under which the plan changes
     non-tensor values on purpose (``RetiePlan.rewritten``); input_reading: the reference loader's
-    reading of the input, compared already (``compare_input``; None: compared here, name by name).
+    reading of the input, compared already with tieaudit's (``compare_input``).
     Names are compared by two threads:
     memcmp and the page faults behind it run outside the GIL.
     """
