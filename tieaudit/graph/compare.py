@@ -143,9 +143,7 @@ class BlockComparer:
             return _tiles_equal(left, right, 0, stop=rows)
         # numpy compares each tile without the GIL: a second thread takes the lower half's tiles
         half = rows // 2 // TILE * TILE
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(1, thread_name_prefix="tieaudit-compare") as pool:
+        with worker_pool(1, "compare") as pool:
             lower = pool.submit(_tiles_equal, left, right, half, stop=rows)
             upper = _tiles_equal(left, right, 0, stop=half)
             return lower.result() and upper
