@@ -6,16 +6,24 @@ STAMP := $(VENV)/.installed-stamp
 # torch is pinned before the project: 2.13.0 is the local CPU wheel; a range would pull a CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: install demo test lint fixtures bench bench-scale fuzz clean tie-table torch-allowlist onnx-descriptor sweep
+.PHONY: install lock demo test lint fixtures bench bench-scale fuzz clean tie-table torch-allowlist onnx-descriptor sweep
 
-$(STAMP): pyproject.toml
+# constraints.txt pins the test environment (the libraries the committed generated data was made
+# from, and everything else), so a release on the index cannot change what CI runs.
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[torch,runtime,transformers,dev]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[torch,runtime,transformers,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Rewrite constraints.txt from the installed environment: after upgrading a library on purpose
+# (pip install -U transformers, then make tie-table), run this and commit both.
+lock: $(STAMP)
+	{ sed -n '/^#/p' constraints.txt; $(PY) -m pip freeze --exclude-editable | grep -v '^#' | sed 's/+cpu$$//'; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
 
 fixtures: $(STAMP)
 	$(PY) fixtures/generate.py fixtures/generated

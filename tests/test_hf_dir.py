@@ -257,7 +257,7 @@ def test_unknown_architecture_is_noted_not_guessed(saved: Callable[[str], Saved]
         (note,) = checkpoint.skipped
         assert note.reason == (
             "architecture MadeUpForCausalLM is not in tieaudit's tie table "
-            f"(transformers {transformers.__version__}); config tie not resolved"
+            f"(transformers {hf_ties.tie_table().transformers_version}); config tie not resolved"
         )
 
 
