@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -19,8 +20,8 @@ from tieaudit.cli.common import (
 from tieaudit.core.errors import TieauditError
 
 if TYPE_CHECKING:
+    from tieaudit.core.choices import CheckFormat
     from tieaudit.gate.check import CheckResult
-    from tieaudit.report import CheckFormat
 
 WRITTEN = "tieaudit.check.report_written"
 """Context meta key: the run's own report is out, so a later failure (writing the baseline) must
@@ -28,12 +29,23 @@ not replace it with a report of the failure."""
 
 
 def show_check(
-    result: CheckResult, fmt: CheckFormat, output: str | None, *, quiet: bool, show_files: bool
+    result: CheckResult,
+    fmt: CheckFormat,
+    output: str | None,
+    *,
+    quiet: bool,
+    show_files: bool,
+    reports: Sequence[tuple[CheckFormat, str]] = (),
 ) -> None:
-    """Write the report when due, one line per error (and per skipped pointer, unless quiet), then
-    the closing line on stderr whatever the format and wherever the report went."""
+    """Write the report when due (and each --report FORMAT=FILE), one line per error (and per
+    skipped pointer, unless quiet), then the closing line on stderr whatever the format and wherever
+    the report went."""
     from tieaudit.report import check_report_due, closing_line, render_check
 
+    for extra, path in reports:
+        if check_report_due(result, extra):
+            text = render_check(result, extra, show_files=show_files, quiet=quiet, width=report_width(path))
+            write_output(text, path)
     if check_report_due(result, fmt):
         report = render_check(
             result,
@@ -75,12 +87,15 @@ def report_failures(command: F) -> F:
             from tieaudit.report import render_check_failure
 
             context = click.get_current_context(silent=True)
-            text = render_check_failure(str(exc), kwargs["fmt"])
-            if text is not None and not (context is not None and context.meta.get(WRITTEN)):
-                try:
-                    write_output(text, kwargs["output"])
-                except (TieauditError, OSError):
-                    pass
+            if context is not None and context.meta.get(WRITTEN):
+                raise
+            for fmt, output in [*kwargs.get("reports", ()), (kwargs["fmt"], kwargs["output"])]:
+                text = render_check_failure(str(exc), fmt)
+                if text is not None:
+                    try:
+                        write_output(text, output)
+                    except (TieauditError, OSError):
+                        pass
             raise
 
     return wrapper  # type: ignore[return-value]

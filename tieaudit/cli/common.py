@@ -266,6 +266,31 @@ class SizeParam(click.ParamType[int]):
         return size
 
 
+class ReportParam(click.ParamType[tuple[str, str]]):
+    """FORMAT=FILE: one more report of the same run (check --report), written to FILE."""
+
+    name = "format=file"
+
+    def __init__(self, formats: tuple[str, ...]) -> None:
+        self.formats = formats
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> tuple[str, str]:
+        """(format, file); a click usage error (one line, exit 2) naming the formats otherwise."""
+        if isinstance(value, tuple):
+            return value  # already converted (a default)
+        fmt, sep, path = str(value).partition("=")
+        if not sep or fmt not in self.formats or not path or path == STDOUT:
+            self.fail(
+                f"{value!r} is not FORMAT=FILE, FORMAT one of {', '.join(self.formats)} and FILE a "
+                "path (stdout is --format's), e.g. sarif=tieaudit.sarif",
+                param,
+                ctx,
+            )
+        return fmt, path
+
+
 def exit_code_of(exc: BaseException) -> int:
     """What main does with an exception a command raised: one line (a traceback for a bug) and the
     exit code. A signal ends the run as interrupted (130, 143), also when a library turned the

@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING
 import click
 
 if TYPE_CHECKING:
-    from tieaudit.report import CheckFormat, InspectFormat
+    from tieaudit.core.choices import CheckFormat, InspectFormat
     from tieaudit.rules.finding import Severity
 
 from tieaudit.cli.check_output import report_failures, show_check
 from tieaudit.cli.common import (
+    ReportParam,
     SizeParam,
     TieauditGroup,
     debug_option,
@@ -28,6 +29,7 @@ from tieaudit.cli.common import (
     user_errors,
     write_output,
 )
+from tieaudit.core.choices import CHECK_FORMATS, INSPECT_FORMATS
 from tieaudit.core.exit_codes import ExitCode
 from tieaudit.core.interrupts import Interrupted, process_signal
 from tieaudit.core.shell import tieaudit_command
@@ -60,7 +62,7 @@ cli.params.append(debug_option())
 
 @cli.command()
 @click.argument("path", type=click.Path())
-@output_options(("text", "json", "dot"))
+@output_options(INSPECT_FORMATS)
 @user_errors
 def inspect(path: str, fmt: InspectFormat, output: str | None) -> None:
     """Show which names share one storage, which ties are declared, and the tensors.
@@ -219,7 +221,15 @@ def _not_one_model(path: str, checkpoints: tuple[str, ...]) -> None:
     help="Only failures: the report keeps FAIL checkpoints and errors (json and sarif stay whole), "
     "no notes on stderr, and the closing line only when something failed or could not be read.",
 )
-@output_options(("text", "json", "sarif", "markdown", "github"))
+@click.option(
+    "--report",
+    "reports",
+    multiple=True,
+    type=ReportParam(CHECK_FORMATS),
+    help="Also write the report in FORMAT to FILE, from the same audit (repeatable), e.g. "
+    '--format github --report sarif=tieaudit.sarif --report markdown="$GITHUB_STEP_SUMMARY".',
+)
+@output_options(CHECK_FORMATS)
 @user_errors
 @report_failures
 def check(
@@ -241,6 +251,7 @@ def check(
     show_settings: bool,
     skip_lfs_pointers: bool,
     quiet: bool,
+    reports: tuple[tuple[CheckFormat, str], ...],
     fmt: CheckFormat,
     output: str | None,
 ) -> None:
@@ -320,7 +331,7 @@ def check(
     )
     for warning in result.warnings:
         echo_warning(warning)
-    show_check(result, fmt, output, quiet=quiet, show_files=show_files)
+    show_check(result, fmt, output, quiet=quiet, show_files=show_files, reports=reports)
     code = result.exit_code(writing_baseline=write_baseline_path is not None, exit_zero=exit_zero)
     if write_baseline_path and code != ExitCode.BAD_INPUT:
         count = write_baseline(write_baseline_path, result.audits)

@@ -24,7 +24,7 @@ from tieaudit.gate.verdicts import data_covered, final_verdicts, lfs_skip
 from tieaudit.rules.finding import Finding, Severity
 from tieaudit.rules.policy import Policy
 
-__all__ = ["CheckResult", "CheckSummary", "Checked", "PathError", "run_check"]
+__all__ = ["CheckResult", "CheckSummary", "Checked", "PathError", "check_paths", "run_check"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,6 +97,11 @@ class CheckResult:
             return ExitCode.OK
         return ExitCode.FINDINGS if any(c.failing for c in self.checked) else ExitCode.OK
 
+    @property
+    def passed(self) -> bool:
+        """The gate passes: every path audited, none failing (``tieaudit check`` exits 0)."""
+        return self.exit_code() == ExitCode.OK
+
     def summary(self) -> CheckSummary:
         """Counts for the closing line and the check/1 document."""
         return CheckSummary(
@@ -132,6 +137,23 @@ class CheckSummary:
     def as_dict(self) -> dict[str, int]:
         """The check/1 document's summary block."""
         return dataclasses.asdict(self)
+
+
+def check_paths(
+    paths: str | Sequence[str],
+    policy: Policy | None = None,
+    *,
+    exclude: Sequence[str] = (),
+    jobs: int | None = None,
+    baseline: Baseline | None = None,
+) -> CheckResult:
+    """``tieaudit check PATH...`` as a library call: every checkpoint under paths (files, folders,
+    ``org/name`` repository ids in the local Hugging Face cache) audited under policy (the defaults
+    when None; ``load_policy(file)`` reads a tieaudit.toml), in jobs processes. A path that cannot be
+    audited is recorded in ``errors``, never raised; ``passed`` is the gate's verdict. Raises UsageError
+    when the paths hold no checkpoint at all (``nothing scanned``)."""
+    arguments = [paths] if isinstance(paths, str) else list(paths)
+    return run_check(arguments, policy or Policy(), exclude=exclude, jobs=jobs, baseline=baseline)
 
 
 def audit_all(work: Work, executor: Executor, progress: bool) -> Outcomes:

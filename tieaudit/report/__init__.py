@@ -4,21 +4,17 @@ job summary) and github (workflow-command annotations)."""
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any
 
 from tieaudit.audit import Audit
+from tieaudit.core.choices import CHECK_FORMATS as CHECK_FORMATS
+from tieaudit.core.choices import CheckFormat, InspectFormat
 from tieaudit.core.units import human_bytes, plural
 from tieaudit.core.version import __version__
 from tieaudit.gate.check import Checked, CheckResult
 from tieaudit.gate.files import skipped_by_reason
 from tieaudit.report.plain import DEFAULT_WIDTH
 
-InspectFormat = Literal["text", "json", "dot"]
-"""What ``inspect`` writes."""
-CheckFormat = Literal["text", "json", "sarif", "markdown", "github"]
-"""What ``check`` writes."""
-CHECK_FORMATS: tuple[CheckFormat, ...] = ("text", "json", "sarif", "markdown", "github")
-"""``check --format`` choices, the default first."""
 ALWAYS_WRITTEN: frozenset[CheckFormat] = frozenset({"sarif", "markdown", "github"})
 """Formats written even when no checkpoint could be audited: they feed CI surfaces (code scanning's
 upload, the job summary, annotations) that must show why the run failed. text and json are not:
