@@ -1,8 +1,10 @@
-"""README.md's fenced blocks and the command lines of its ``sh`` blocks (for tests/test_readme_commands.py).
+"""The fenced blocks of README.md and docs/*.md, and the command lines of their ``sh`` blocks (for
+tests/test_readme_commands.py and tests/test_docs_output.py).
 
-The README shows hosted addresses the tests cannot reach: ``PLACEHOLDER_URL`` stands for wherever
+The pages show hosted addresses the tests cannot reach: ``PLACEHOLDER_URL`` stands for wherever
 tieaudit is hosted, and the tests put the ``file://`` URL of a bare clone of this repository in its
-place (``hosted_repository``): the release as a user's pip or pre-commit fetches it.
+place (``hosted_repository``): the repository as a user's pip, pre-commit or Actions fetches it,
+without tags (the published repository has none).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
+"""Every page the docs test runs: README.md first, then docs/ by name."""
 PLACEHOLDER_URL = "https://github.com/OWNER/tieaudit"
 
 
@@ -22,7 +26,13 @@ class Block:
     language: str
     text: str
     line: int
-    """The line of the opening fence in README.md."""
+    """The line of the opening fence in its page."""
+    page: Path = README
+
+    @property
+    def where(self) -> str:
+        """page:line, as a test names the block."""
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
 
 
 @dataclass(frozen=True)
@@ -42,10 +52,15 @@ class Command:
         return {0, 1} if re.search(r"\btieaudit (check|runtime)\b", self.text) else {0}
 
 
-def blocks(text: str | None = None) -> list[Block]:
-    text = README.read_text() if text is None else text
+def blocks(page: Path = README) -> list[Block]:
+    text = page.read_text()
     fences = re.finditer(r"^```([\w-]*)\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE)
-    return [Block(m.group(1), m.group(2), text.count("\n", 0, m.start()) + 1) for m in fences]
+    return [Block(m.group(1), m.group(2), text.count("\n", 0, m.start()) + 1, page) for m in fences]
+
+
+def all_blocks() -> list[Block]:
+    """The blocks of every page of DOCS, in order."""
+    return [block for page in DOCS for block in blocks(page)]
 
 
 def split_comment(line: str) -> tuple[str, str]:
@@ -99,27 +114,22 @@ def tags(where: Path = ROOT) -> list[str]:
     return git("tag", "--list", where=where).split()
 
 
-def is_release_tag(rev: str, where: Path = ROOT) -> bool:
-    """An annotated tag (what `git tag -a` makes, what a release is) naming a commit."""
-    return bool(git("rev-parse", "--verify", "--quiet", f"refs/tags/{rev}^{{commit}}", where=where)) and (
-        git("cat-file", "-t", f"refs/tags/{rev}", where=where) == "tag"
-    )
+DEFAULT_BRANCH = "main"
+"""The branch the recipes follow (and whose commit they pin): the repository's default branch."""
 
 
-def hosted_repository(rev: str, where: Path) -> Path:
-    """A bare clone of this repository, as hosted, with the release tag ``rev``.
-
-    A clone made without tags (a CI checkout: ``actions/checkout`` fetches none by default, and this
-    project's CI clones only the branch) cannot carry the release: there the bare clone tags its HEAD,
-    standing in for the release the README names. When this repository has the tag, the bare clone
-    has that very tag (``git clone`` copies tags) and nothing is added."""
+def hosted_repository(where: Path) -> Path:
+    """A bare clone of this repository as published: its branches, no tags (the published repository
+    carries none, so no recipe may need one). Nothing is added to it: a checkout without the default
+    branch (a detached HEAD alone) fails here, saying so, rather than being given one."""
     bare = where / "tieaudit.git"
-    subprocess.run(["git", "clone", "--quiet", "--bare", str(ROOT), str(bare)], check=True)
-    if not is_release_tag(rev, bare):
-        subprocess.run(
-            ["git", "-C", str(bare), "-c", "user.name=tieaudit tests", "-c", "user.email=tests@localhost",
-             "tag", "-a", rev, "-m", f"stand-in for the release {rev}: the clone under test has no tags",
-             "HEAD"],
-            check=True,
-        )  # fmt: skip
+    subprocess.run(["git", "clone", "--quiet", "--bare", "--no-tags", str(ROOT), str(bare)], check=True)
+    for tag in tags(bare):  # --no-tags still copies a tag HEAD's branch points at in some git versions
+        subprocess.run(["git", "-C", str(bare), "tag", "--delete", tag], capture_output=True, check=True)
+    assert not tags(bare)
+    head = git("rev-parse", "--verify", "--quiet", f"refs/heads/{DEFAULT_BRANCH}^{{commit}}", where=bare)
+    assert head, f"this checkout has no {DEFAULT_BRANCH} branch, which the recipes install from"
+    subprocess.run(
+        ["git", "-C", str(bare), "symbolic-ref", "HEAD", f"refs/heads/{DEFAULT_BRANCH}"], check=True
+    )
     return bare

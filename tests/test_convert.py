@@ -396,3 +396,16 @@ def test_to_safetensors_needs_no_torch_and_the_reverse_names_the_extra(tmp_path:
     assert done.returncode == 2
     assert done.stderr.strip().endswith("pip install 'tieaudit[torch]'"), done.stderr
     assert not (tmp_path / "back.pt").exists()
+
+
+def test_the_plan_names_in_as_typed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not the resolved absolute path: a user reads back what they typed, as retie prints it."""
+    torch.save({"emb": torch.ones(4, 4), "head": torch.ones(4, 4)}, tmp_path / "model.pt")
+    monkeypatch.chdir(tmp_path)
+    assert main(["convert", "model.pt", "model.safetensors"]) == 0
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
+    assert "convert plan for model.pt -> safetensors\n" in out
+    assert str(tmp_path) not in out

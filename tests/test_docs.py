@@ -1,11 +1,9 @@
-"""The README and the help text keep up with the command line; the CI recipes it shows work."""
+"""README.md, docs/ and the help text keep up with the command line; the CI recipes they show work."""
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,18 +12,19 @@ import click
 import pytest
 import yaml  # type: ignore[import-untyped]
 from click.testing import CliRunner
-from conftest import Corpus
+from readme_blocks import DOCS, all_blocks
 
 from tieaudit.cli.main import cli
 from tieaudit.rules.policy import load_policy
 
 ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text()
+DOCS_TEXT = "\n".join(page.read_text() for page in DOCS)
+"""README.md and every docs/ page."""
 COMMANDS = sorted(cli.commands)
 
 
 def fenced_blocks(language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", README, flags=re.DOTALL)
+    return [b.text for b in all_blocks() if b.language == language]
 
 
 def long_options(command: click.Command) -> list[str]:
@@ -43,14 +42,14 @@ def test_the_commands_are_the_ones_this_test_knows() -> None:
 
 
 @pytest.mark.parametrize("name", COMMANDS)
-def test_every_command_and_option_is_in_the_readme(name: str) -> None:
-    assert f"tieaudit {name}" in README
-    missing = [opt for opt in long_options(cli.commands[name]) if opt not in README]
-    assert not missing, f"tieaudit {name}: {missing} not in README.md"
+def test_every_command_and_option_is_documented(name: str) -> None:
+    assert f"tieaudit {name}" in DOCS_TEXT
+    missing = [opt for opt in long_options(cli.commands[name]) if opt not in DOCS_TEXT]
+    assert not missing, f"tieaudit {name}: {missing} not in README.md or docs/"
 
 
-def test_the_global_options_are_in_the_readme() -> None:
-    missing = [opt for opt in long_options(cli) if opt not in README]
+def test_the_global_options_are_documented() -> None:
+    missing = [opt for opt in long_options(cli) if opt not in DOCS_TEXT]
     assert not missing, missing
 
 
@@ -77,34 +76,9 @@ def test_the_policy_example_in_the_readme_is_a_valid_policy(tmp_path: Path) -> N
     assert [t.dropped for t in legacy.expected_ties] == ["output.weight"]
 
 
-def workflow() -> str:
-    (block,) = [b for b in fenced_blocks("yaml") if "upload-sarif" in b]
-    return block
-
-
-def test_the_github_workflow_command_runs(corpus: Corpus, tmp_path: Path) -> None:
-    steps = yaml.safe_load(workflow())["jobs"]["tieaudit"]["steps"]
-    (command,) = [s["run"] for s in steps if str(s.get("run", "")).startswith("tieaudit check")]
-    (upload,) = [s for s in steps if str(s.get("uses", "")).startswith("github/codeql-action/upload-sarif@")]
-    argv = shlex.split(command)
-    sarif_file = argv[argv.index("-o") + 1]
-    assert upload["with"]["sarif_file"] == sarif_file
-    models = tmp_path / argv[2].rstrip("/")
-    models.mkdir()
-    shutil.copy(corpus.path("st_cloned_head"), models / "cloned.safetensors")
-    shutil.copytree(corpus.path("hf_llama_tied"), models / "llama")
-    module = [sys.executable, "-m", "tieaudit"]
-    result = subprocess.run([*module, *argv[1:]], cwd=tmp_path, capture_output=True, text=True, check=False)
-    assert result.returncode == 1, result.stderr  # the copy fails the job; the SARIF is written first
-    document = json.loads((tmp_path / sarif_file).read_text())
-    (finding,) = document["runs"][0]["results"]
-    location = finding["locations"][0]["physicalLocation"]["artifactLocation"]
-    assert location["uri"] == "models/cloned.safetensors"
-
-
 def test_the_pre_commit_hook(tmp_path: Path) -> None:
     (hook,) = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
-    assert hook["id"] == "tieaudit-check" and hook["id"] in README
+    assert hook["id"] == "tieaudit-check" and hook["id"] in DOCS_TEXT
     # the flag is in the entry: args a user sets (README: [--fail-on, error]) replace the hook's args
     assert hook["entry"] == "tieaudit check --skip-lfs-pointers" and hook["language"] == "python"
     assert "args" not in hook and hook["pass_filenames"] is True
@@ -156,9 +130,9 @@ def _named_limits() -> dict[str, str]:
     return found
 
 
-def test_every_named_limit_is_in_the_readme_with_its_reason() -> None:
-    """The Trust and limits table lists each MAX_* constant beside its module, with a reason."""
-    section = README.split("## Trust and limits", 1)[1].split("\n## ", 1)[0]
+def test_every_named_limit_is_in_the_docs_with_its_reason() -> None:
+    """docs/trust.md's limits table lists each MAX_* constant beside its module, with a reason."""
+    section = (ROOT / "docs" / "trust.md").read_text()
     rows = {
         (cells[0].strip("` "), cells[2].strip("` ")): cells[3].strip()
         for line in section.splitlines()
@@ -169,7 +143,7 @@ def test_every_named_limit_is_in_the_readme_with_its_reason() -> None:
     assert len(limits) > 30
     for key, name in limits.items():
         module = key.split(" ", 1)[1]
-        assert (name, module) in rows, f"{name} ({module}) is not in README's Trust and limits table"
+        assert (name, module) in rows, f"{name} ({module}) is not in docs/trust.md's limits table"
         assert len(rows[(name, module)]) > 20, f"{name}: no reason given"
 
 

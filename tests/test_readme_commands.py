@@ -1,13 +1,17 @@
-"""Every command README.md shows runs as written (issue 14), or this file says why not and what covers it.
+"""Every command README.md and docs/ show runs as written (issue 14, 26), or this file says why not and
+what covers it, against a bare clone of the repository without tags (the published repository has none).
 
 - ``sh`` blocks: each block runs as one bash session (state such as an activated venv carries over, as
   when a reader types the lines), in a fresh copy of the repository holding the files the examples
   name. ``tieaudit`` is this checkout (a shim running ``python -m tieaudit``) until a line installs
   it into a venv of the block's own. Each line must exit 0 or 1, or the exit its comment states.
   A line that cannot run here goes in NOT_RUN with the reason and the test that covers it.
-- ``yaml`` blocks: the GitHub Actions job (its steps run, see test_the_actions_job_runs) and the
-  pre-commit configuration (its hook runs through ``pre-commit try-repo``).
-- ``toml`` blocks: policies, loaded by tieaudit.
+- ``yaml`` blocks: GitHub Actions jobs (their steps run on tests/actions_standin.py, the repository's
+  own action.yml included: test_every_workflow_runs) and the pre-commit configuration (with the ``sh``
+  block that freezes and runs it: test_the_pre_commit_recipe_runs).
+- ``toml`` blocks: policies, loaded by tieaudit. ``python`` blocks: each page's blocks run in order as
+  scripts (test_every_python_page_runs). ``console`` blocks: commands and their output
+  (tests/test_docs_output.py).
 A block of any other language, or a yaml block of another kind, fails until it is classified here.
 """
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,18 +28,20 @@ from typing import Any
 
 import pytest
 import yaml  # type: ignore[import-untyped]
+from actions_standin import Run, run_job
 from conftest import Corpus
 from readme_blocks import (
+    DEFAULT_BRANCH,
+    DOCS,
     PLACEHOLDER_URL,
     README,
     ROOT,
     Block,
-    blocks,
+    all_blocks,
     commands,
     git,
     hosted_repository,
     installs_tieaudit,
-    is_release_tag,
     local,
     tags,
 )
@@ -46,8 +53,16 @@ if sys.version_info >= (3, 11):
 else:
     import tomli as tomllib
 
-BLOCKS = blocks()
-SH_BLOCKS = [b for b in BLOCKS if b.language == "sh"]
+BLOCKS = all_blocks()
+
+
+def runs_pre_commit(block: Block) -> bool:
+    return any(c.text.startswith("pre-commit ") for c in commands(block))
+
+
+PRE_COMMIT_SH = [b for b in BLOCKS if b.language == "sh" and runs_pre_commit(b)]
+"""The sh block that freezes and runs the pre-commit configuration: test_the_pre_commit_recipe_runs."""
+SH_BLOCKS = [b for b in BLOCKS if b.language == "sh" and not runs_pre_commit(b)]
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 # Commands of the sh blocks that are not run, with the reason and what covers them instead.
@@ -69,6 +84,8 @@ KINDS = {
     "yaml": "the Actions job or the pre-commit configuration: test_the_actions_job_runs, "
     "test_the_pre_commit_hook_runs_through_try_repo",
     "toml": "loaded as a policy: test_every_toml_block_is_a_valid_policy",
+    "python": "run in order, one page's blocks as one reader would: test_every_python_page_runs",
+    "console": "commands and their exact output: tests/test_docs_output.py",
     "text": "output excerpts, not commands",
     "": "diagrams (the Architecture tree), not commands",
 }
@@ -93,13 +110,15 @@ def yaml_kind(block: Block) -> str:
 
 
 def test_every_block_is_of_a_kind_this_test_covers() -> None:
-    unknown = [f"README.md:{b.line}: ```{b.language}" for b in BLOCKS if b.language not in KINDS]
+    unknown = [f"{b.where}: ```{b.language}" for b in BLOCKS if b.language not in KINDS]
     assert not unknown, f"blocks no test runs (add them to KINDS and run them): {unknown}"
     kinds = [yaml_kind(b) for b in BLOCKS if b.language == "yaml"]
-    assert sorted(kinds) == ["pre-commit", "steps", "workflow"], kinds
+    assert "unknown" not in kinds and {"pre-commit", "steps", "workflow"} <= set(kinds), kinds
+    assert kinds.count("pre-commit") == 1 and len(PRE_COMMIT_SH) == 1
     shown = {c.text for b in SH_BLOCKS for c in commands(b)}
     stale = sorted(set(NOT_RUN) - shown)
-    assert not stale, f"NOT_RUN names commands README.md no longer shows: {stale}"
+    assert not stale, f"NOT_RUN names commands the pages no longer show: {stale}"
+    assert README.read_text().count("\n") <= 300, "README.md is the newcomer's page: at most 300 lines"
 
 
 def example_files(corpus: Corpus, where: Path) -> None:
@@ -171,8 +190,8 @@ def session_script(block: Block, log: Path, hosted: Path) -> str:
 
 @pytest.fixture(scope="module")
 def hosted(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Where the README's `OWNER/tieaudit` URL points in these tests: a bare clone with the release tag."""
-    return hosted_repository(f"v{VERSION}", tmp_path_factory.mktemp("hosted"))
+    """Where the pages' `OWNER/tieaudit` URL points in these tests: a bare clone without tags."""
+    return hosted_repository(tmp_path_factory.mktemp("hosted"))
 
 
 @pytest.fixture
@@ -182,7 +201,7 @@ def workspace(corpus: Corpus, tmp_path: Path) -> Path:
     return where
 
 
-@pytest.mark.parametrize("block", SH_BLOCKS, ids=[f"README.md:{b.line}" for b in SH_BLOCKS])
+@pytest.mark.parametrize("block", SH_BLOCKS, ids=[b.where for b in SH_BLOCKS])
 def test_every_sh_block_runs(block: Block, workspace: Path, hosted: Path, tmp_path: Path) -> None:
     bin_dir, fallback = shims(tmp_path)
     log = tmp_path / "log"
@@ -200,7 +219,7 @@ def test_every_sh_block_runs(block: Block, workspace: Path, hosted: Path, tmp_pa
     for n, command in enumerate(commands(block)):
         if command.text in NOT_RUN:
             continue
-        where = f"README.md:{command.line}: {command.text}"
+        where = f"{block.page.relative_to(ROOT)}:{command.line}: {command.text}"
         assert (log / f"{n}.rc").exists(), f"{where}: not reached"
         output = (log / f"{n}.out").read_text()
         status = int((log / f"{n}.rc").read_text())
@@ -220,7 +239,7 @@ def test_make_installs_the_command_into_venv_bin() -> None:
     """The contributor's `. .venv/bin/activate` (or `.venv/bin/tieaudit`): make's venv gets the command."""
     makefile = (ROOT / "Makefile").read_text()
     assert "VENV := .venv\n" in makefile and "PY := $(VENV)/bin/python\n" in makefile
-    assert "$(PY) -m pip install -q -e '.[" in makefile  # the project itself, with its console script
+    assert "$(PY) -m pip install -q -c constraints.txt -e '.[" in makefile  # the project, its console script
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["tieaudit"] == "tieaudit.cli.launch:main"
     assert "tieaudit: command not found" not in README.read_text()
@@ -234,139 +253,118 @@ def test_every_toml_block_is_a_valid_policy(tmp_path: Path) -> None:
         load_policy(str(tmp_path / "tieaudit.toml"))  # raises on an unknown key or a bad value
 
 
-def the_yaml(kind: str) -> dict[object, object]:
-    (block,) = [b for b in BLOCKS if b.language == "yaml" and yaml_kind(b) == kind]
-    document: dict[object, object] = yaml.safe_load(block.text)
-    return document
+def the_yamls(kind: str) -> list[Block]:
+    return [b for b in BLOCKS if b.language == "yaml" and yaml_kind(b) == kind]
 
 
 def pre_commit_repo() -> dict[str, Any]:
-    repos = the_yaml("pre-commit")["repos"]
+    (block,) = the_yamls("pre-commit")
+    repos = yaml.safe_load(block.text)["repos"]
     assert isinstance(repos, list) and len(repos) == 1 and isinstance(repos[0], dict)
     return repos[0]
 
 
-def test_the_revisions_readme_names_are_release_tags() -> None:
-    """`rev:` of the pre-commit configuration and `@rev` of every install line name the release of the
-    version in pyproject.toml, and where this clone has tags (a developer's, the release machine's) that
-    release is an annotated tag whose pyproject.toml has that version.
-
-    A clone without tags (CI clones the branch only) cannot show the tag: there the install and hook
-    tests run against `hosted_repository`, which tags HEAD as the stand-in release."""
-    repo = pre_commit_repo()
-    assert repo["repo"] == PLACEHOLDER_URL
-    revs = {repo["rev"]}
-    text = README.read_text()
-    revs |= {part.split("'")[0].split('"')[0] for part in text.split(f"{PLACEHOLDER_URL}@")[1:]}
-    assert revs == {f"v{VERSION}"}, revs
-    if not tags():
-        return
-    rev = f"v{VERSION}"
-    assert is_release_tag(rev), (
-        f"{rev} is not an annotated tag of the repository: git tag -a {rev} -m 'tieaudit {rev}'"
-    )
-    tagged = tomllib.loads(git("show", f"{rev}:pyproject.toml"))["project"]["version"]
-    assert tagged == VERSION, f"the tag {rev} is on a commit whose version is {tagged}"
+REVISION = re.compile(r"OWNER/tieaudit@([^\s'\"`]+)")
 
 
-def job_steps() -> list[dict[str, object]]:
-    workflow = the_yaml("workflow")
-    (job,) = workflow["jobs"].values()  # type: ignore[attr-defined]
-    assert job["runs-on"] == "ubuntu-latest"
-    steps: list[dict[str, object]] = job["steps"]
-    return steps
+def test_no_recipe_needs_a_tag() -> None:
+    """Every revision a page installs or uses is the default branch, a commit the reader looked up
+    (`$rev`), or the `<commit>` a comment points to; pre-commit's `rev:` is the branch, frozen to its
+    commit by the command beside it. The published repository has no tags, and neither has the clone
+    these tests install from."""
+    shown = {m.group(1) for page in DOCS for m in REVISION.finditer(page.read_text())}
+    assert shown and shown <= {DEFAULT_BRANCH, "$rev", "<commit>:"}, shown
+    assert pre_commit_repo()["repo"] == PLACEHOLDER_URL and pre_commit_repo()["rev"] == DEFAULT_BRANCH
 
 
-def run_job(
-    steps: list[dict[str, object]], repository: Path, python: Path, hosted: Path
-) -> list[tuple[str, int]]:
-    """The job as Actions runs it: steps in order; after a failure only `!cancelled()`/`always()` steps.
-    Stand-ins: checkout (the folder is the repository), setup-python (a fresh venv), upload-sarif (the
-    file it names must be SARIF 2.1.0)."""
-    ran: list[tuple[str, int]] = []
-    failed = False
-    for step in steps:
-        condition = str(step.get("if", ""))
-        if failed and not any(c in condition for c in ("!cancelled()", "always()", "failure()")):
-            continue
-        uses, config = str(step.get("uses", "")), step.get("with", {})
-        assert isinstance(config, dict)
-        if uses.startswith("actions/checkout@"):
-            status = 0
-        elif uses.startswith("actions/setup-python@"):
-            assert float(str(config["python-version"])) >= 3.10
-            if not python.exists():
-                subprocess.run([sys.executable, "-m", "venv", str(python)], check=True)
-            status = 0
-        elif uses.startswith("github/codeql-action/upload-sarif@"):
-            document = json.loads((repository / str(config["sarif_file"])).read_text())
-            status = 0 if document["version"] == "2.1.0" and config.get("category") else 1
-        elif "run" in step:
-            env = clean_env([str(python / "bin")])
-            done = subprocess.run(
-                ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", local(str(step["run"]), hosted)],
-                cwd=repository, env=env, capture_output=True, text=True, timeout=300, check=False,
-            )  # fmt: skip
-            status = done.returncode
-            assert status in (0, 1), (
-                f"{step['run']}: exit {status}\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
-            )
-        else:
-            raise AssertionError(f"a step this test cannot run: {step}")
-        ran.append((str(step.get("run", uses)), status))
-        failed = failed or status != 0
-    return ran
+def test_the_hosted_clone_has_no_tags(hosted: Path) -> None:
+    assert tags(hosted) == []
+    assert git("symbolic-ref", "HEAD", where=hosted) == f"refs/heads/{DEFAULT_BRANCH}"
 
 
-def test_the_actions_job_runs(corpus: Corpus, hosted: Path, tmp_path: Path) -> None:
-    """A copy fails the job at the check step, the SARIF is uploaded anyway and names only the copy (the
-    clean model folder beside it has no result)."""
-    steps = job_steps()
-    repository = tmp_path / "repository"
-    (repository / "models").mkdir(parents=True)
-    shutil.copy(corpus.path("st_cloned_head"), repository / "models" / "cloned.safetensors")
-    shutil.copytree(corpus.path("hf_llama_tied"), repository / "models" / "llama")
-    python = tmp_path / "python"
-    ran = run_job(steps, repository, python, hosted)
-    assert len(ran) == len(steps)
-    install = [status for command, status in ran if installs_tieaudit(command)]
-    assert install == [0]
-    assert Path(str(shutil.which("tieaudit", path=str(python / "bin")))).parent == python / "bin"
-    checks = [status for command, status in ran if command.startswith("tieaudit check")]
-    assert checks == [1]  # the job fails; the upload still ran (if: !cancelled())
-    (sarif,) = [str(s["with"]["sarif_file"]) for s in steps if "upload-sarif" in str(s.get("uses"))]  # type: ignore[index]
-    (result,) = json.loads((repository / sarif).read_text())["runs"][0]["results"]
+def models_repository(corpus: Corpus, where: Path) -> Path:
+    """A model repository for the CI recipes: a copy (TIE001) and a clean model folder."""
+    (where / "models").mkdir(parents=True)
+    shutil.copy(corpus.path("st_cloned_head"), where / "models" / "cloned.safetensors")
+    shutil.copytree(corpus.path("hf_llama_tied"), where / "models" / "llama")
+    return where
+
+
+WORKFLOWS = sorted({b.text: b for b in the_yamls("workflow")}.values(), key=lambda b: b.where)
+
+
+@pytest.mark.parametrize("block", WORKFLOWS, ids=[b.where for b in WORKFLOWS])
+def test_every_workflow_runs(block: Block, corpus: Corpus, hosted: Path, tmp_path: Path) -> None:
+    """A copy fails the job; SARIF naming only the copy is uploaded anyway, the job summary has the
+    markdown report, the action (when used) annotates the file and installs from the hosted commit."""
+    repository = models_repository(corpus, tmp_path / "repository")
+    run = Run(repository=repository, python=tmp_path / "python", hosted=hosted, env=clean_env([]))
+    status = run_job(yaml.safe_load(block.text), run)
+    assert status == 1, run.steps
+    checks = [code for ran, code in run.steps if "tieaudit check" in ran]
+    assert checks in ([1], [0]), run.steps  # the action's check step records the status, its verdict fails
+    uploads = [code for ran, code in run.steps if "upload-sarif" in ran]
+    assert uploads == [0], run.steps
+    (sarif,) = repository.glob("*.sarif")
+    (result,) = json.loads(sarif.read_text())["runs"][0]["results"]
     assert result["ruleId"] == "TIE001"
     assert (
         result["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "models/cloned.safetensors"
     )
+    assert any("FAIL `models/cloned.safetensors`" in summary for summary in run.summaries)
+    tieaudit = run.python / "bin" / "tieaudit"
+    version = subprocess.run([str(tieaudit), "--version"], capture_output=True, text=True, check=True)
+    assert version.stdout.strip() == f"tieaudit, version {VERSION}"
+    if "OWNER/tieaudit@" in block.text and "uses:" in block.text:
+        assert any("::warning file=models/cloned.safetensors" in out for out in run.stdout)
 
 
-def test_the_pre_commit_hook_runs_through_try_repo(corpus: Corpus, tmp_path: Path) -> None:
-    """README's hook on the staged checkpoints: a copy fails the commit with TIE001, a clean one is ok.
-
-    try-repo builds the hook's environment in a temporary store each time (pip installs this repository
-    with its dependencies: ~15 s on an idle machine), so one run covers both checkpoints."""
+def test_the_pre_commit_recipe_runs(corpus: Corpus, hosted: Path, tmp_path: Path) -> None:
+    """The configuration, frozen to the hosted main's commit by the page's command, then run: a copy
+    fails the hook with TIE001, the clean checkpoint beside it is ok, a text file is not passed."""
+    (block,) = PRE_COMMIT_SH
     (hook,) = pre_commit_repo()["hooks"]
-    assert set(hook) == {"id"}  # no args: the README's hook fails on warnings, TIE001 included
+    assert set(hook) == {"id"}  # no args: the hook fails on warnings, TIE001 included
     repository = tmp_path / "work"
     repository.mkdir()
     subprocess.run(["git", "init", "-q", str(repository)], check=True)
+    (config,) = the_yamls("pre-commit")
+    (repository / ".pre-commit-config.yaml").write_text(local(config.text, hosted))
     shutil.copy(corpus.path("st_save_model_tied"), repository / "clean.safetensors")
     shutil.copy(corpus.path("st_cloned_head"), repository / "copy.safetensors")
     (repository / "notes.txt").write_text("not a checkpoint\n")
-    subprocess.run(
-        ["git", "add", "clean.safetensors", "copy.safetensors", "notes.txt"], cwd=repository, check=True
-    )
+    subprocess.run(["git", "add", "-A"], cwd=repository, check=True)
     env = clean_env([str(Path(sys.executable).parent)])
     env["PRE_COMMIT_HOME"] = str(tmp_path / "pre-commit-home")
-    done = subprocess.run(
-        [sys.executable, "-m", "pre_commit", "try-repo", str(ROOT), hook["id"]],
-        cwd=repository, env=env, capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
-    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "tieaudit check" in done.stdout and "Failed" in done.stdout and "exit code: 1" in done.stdout
-    lines = done.stdout.splitlines()
-    assert any(line.startswith("FAIL copy.safetensors") for line in lines), done.stdout
-    assert any(line.startswith("ok") and "clean.safetensors" in line for line in lines), done.stdout
-    assert "TIE001" in done.stdout and "notes.txt" not in done.stdout
+    outputs = []
+    for command in commands(block):
+        done = subprocess.run(
+            ["bash", "--noprofile", "--norc", "-c", local(command.text, hosted)],
+            cwd=repository, env=env, capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+        assert done.returncode in command.expected_exit, (
+            f"{block.where}: {command.text}\n{done.stdout}{done.stderr}"
+        )
+        outputs.append(done.stdout)
+    frozen = yaml.safe_load((repository / ".pre-commit-config.yaml").read_text())["repos"][0]["rev"]
+    assert frozen == git("rev-parse", f"refs/heads/{DEFAULT_BRANCH}", where=hosted)
+    lines = outputs[-1].splitlines()
+    assert any(line.startswith("FAIL copy.safetensors") for line in lines), outputs[-1]
+    assert any(line.startswith("ok") and "clean.safetensors" in line for line in lines), outputs[-1]
+    assert "TIE001" in outputs[-1] and "notes.txt" not in outputs[-1]
+
+
+PYTHON_PAGES = sorted({b.page for b in BLOCKS if b.language == "python"})
+
+
+@pytest.mark.parametrize("page", PYTHON_PAGES, ids=[str(p.relative_to(ROOT)) for p in PYTHON_PAGES])
+def test_every_python_page_runs(page: Path, workspace: Path) -> None:
+    """A page's python blocks, in order, each a script run in the examples' folder with this checkout."""
+    env = clean_env([])
+    env["PYTHONPATH"] = str(ROOT)
+    for block in [b for b in BLOCKS if b.page == page and b.language == "python"]:
+        done = subprocess.run(
+            [sys.executable, "-c", block.text], cwd=workspace, env=env, capture_output=True, text=True,
+            timeout=300, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, f"{block.where}:\n{done.stdout[-2000:]}{done.stderr[-3000:]}"

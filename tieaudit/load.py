@@ -176,7 +176,7 @@ def convert_to_torch(source: str, out: str | None, *, dry_run: bool = False) -> 
         )
         files = {os.path.basename(ckpt.path): os.path.basename(out or "")}
         if paths is None:
-            return ConvertResult(plan=plan, written=None, files=files)
+            return ConvertResult(source=source, plan=plan, written=None, files=files)
 
         def write(staged: str) -> list[str]:
             copies = _StorageCopies(opened, in_place=True)
@@ -193,7 +193,9 @@ def convert_to_torch(source: str, out: str | None, *, dry_run: bool = False) -> 
                 size, notes = write_and_publish(opened, paths, write, guard=guard)
         except OSError as exc:
             raise OutputError(f"cannot write: {exc.strerror or exc}", out) from exc
-        return ConvertResult(plan=plan, written=out, files=files, output_bytes=size, notes=tuple(notes))
+        return ConvertResult(
+            source=source, plan=plan, written=out, files=files, output_bytes=size, notes=tuple(notes)
+        )
 
 
 def convert_checkpoint(source: str, out: str | None, *, dry_run: bool = False) -> ConvertResult:

@@ -44,6 +44,8 @@ SAFE_SUFFIX = ".safetensors"
 class ConvertResult:
     """What convert did."""
 
+    source: str
+    """IN as the caller gave it (the plan's path is the resolved one)."""
     plan: ConvertPlan
     """The decisions."""
     written: str | None
@@ -116,7 +118,7 @@ def convert(source: str, out: str | None, *, dry_run: bool = False) -> ConvertRe
                 else {os.path.basename(ckpt.path): os.path.basename(out or "")}
             )
             if paths is None:
-                return ConvertResult(plan=plan, written=None, files=files)
+                return ConvertResult(source=source, plan=plan, written=None, files=files)
             try:
                 with signals_guarded() as guard:
                     size, notes = write_and_publish(
@@ -124,7 +126,9 @@ def convert(source: str, out: str | None, *, dry_run: bool = False) -> ConvertRe
                     )
             except OSError as exc:
                 raise OutputError(f"cannot write: {exc.strerror or exc}", out) from exc
-            return ConvertResult(plan=plan, written=out, files=files, output_bytes=size, notes=tuple(notes))
+            return ConvertResult(
+                source=source, plan=plan, written=out, files=files, output_bytes=size, notes=tuple(notes)
+            )
     except TieauditError as exc:
         if paths is not None and exc.path == paths.source.path:
             exc.path = source

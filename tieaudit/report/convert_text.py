@@ -10,7 +10,7 @@ from tieaudit.repair.convert import ConvertResult
 def render_convert(result: ConvertResult) -> str:
     """The files, the names kept and dropped (and why), the partial views, then the bytes."""
     plan = result.plan
-    lines = [f"convert plan for {printable(plan.path)} -> {plan.target}"]
+    lines = [f"convert plan for {printable(result.source)} -> {plan.target}"]
     how = "a {dropped: kept} record" if plan.target == "safetensors" else "the kept tensor itself again"
     lines.append(f"  {printable(plan.note)}")
     for source, target in result.files.items():
