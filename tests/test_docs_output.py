@@ -76,5 +76,6 @@ def test_every_console_block_shows_what_tieaudit_prints(block: Block, corpus: Co
         regenerate(block, outputs)
         return
     for (command, expected), (_, actual) in zip(steps(block), outputs, strict=True):
-        assert actual == expected, f"{block.where}: $ {command}\n--- shown ---\n{expected}--- printed ---\n{actual}"
+        said = f"{block.where}: $ {command}\n--- shown ---\n{expected}--- printed ---\n{actual}"
+        assert actual == expected, said
         assert actual.strip(), f"{block.where}: $ {command} printed nothing"
