@@ -138,3 +138,17 @@ def test_the_texts_import_nothing_of_the_audit() -> None:
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_every_policy_block_on_the_page_is_a_valid_policy(tmp_path: Path) -> None:
+    from tieaudit.rules.policy import load_policy
+
+    blocks = re.findall(r"```toml\n(.*?)```", PAGE.read_text(encoding="utf-8"), flags=re.DOTALL)
+    assert len(blocks) == len(RULE_TEXTS)
+    for block, rule_id in zip(blocks, RULE_TEXTS, strict=True):
+        (tmp_path / "tieaudit.toml").write_text(block)
+        assert load_policy(str(tmp_path / "tieaudit.toml")).ignore == {rule_id}
+        uncommented = re.sub(r"^# (?=\[|TIE)", "", block, flags=re.MULTILINE)  # the alternative
+        (tmp_path / "tieaudit.toml").write_text(uncommented)
+        other = load_policy(str(tmp_path / "tieaudit.toml"))
+        assert other.severity[rule_id] == ("error" if RULE_TEXTS[rule_id].severity == "note" else "note")
