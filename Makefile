@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 # torch is pinned before the project: 2.13.0 is the local CPU wheel; a range would pull a CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: install lock demo test lint fixtures bench bench-scale fuzz clean tie-table torch-allowlist onnx-descriptor sweep
+.PHONY: install lock demo test lint fixtures bench bench-scale fuzz clean tie-table torch-allowlist onnx-descriptor sweep rules-doc
 
 # constraints.txt pins the test environment (the libraries the committed generated data was made
 # from, and everything else), so a release on the index cannot change what CI runs.
@@ -43,6 +43,11 @@ torch-allowlist: $(STAMP)
 onnx-descriptor: $(STAMP)
 	$(PY) scripts/gen_onnx_descriptor.py
 	$(VENV)/bin/ruff format tieaudit/formats/onnx_descriptor.py
+
+# docs/rules.md from the rules' texts (tieaudit/rules/texts.py): run after changing a rule's text, then
+# commit both (tests/test_rule_docs.py fails while the page is stale).
+rules-doc: $(STAMP)
+	$(PY) scripts/gen_rules_doc.py
 
 # The architecture sweep (tests/sweep): every class of the tie table that transformers builds tiny
 # on CPU, each variant written, audited, retied and reloaded; tests/sweep/LAST_RUN.md and .json.

@@ -97,6 +97,28 @@ def test_a_small_report_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert document["version"] == "2.1.0" and run["tool"]["driver"]["version"] == __version__
 
 
+def test_every_rule_carries_its_help(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What code scanning shows beside an alert: the summary, the description, the fix and how to
+    silence the rule (text and Markdown), and the page that explains it; the log stays valid."""
+    from tieaudit.rules.texts import RULE_TEXTS
+
+    save_file({"w": np.zeros((4, 4), np.float32)}, str(tmp_path / "clean.safetensors"))
+    monkeypatch.chdir(tmp_path)
+    published = sarif(["clean.safetensors"], tmp_path, 0)["runs"][0]["tool"]["driver"]["rules"]
+    assert [r["id"] for r in published] == sorted(readme_rules())
+    for rule in published:
+        text = RULE_TEXTS[rule["id"]]
+        assert rule["shortDescription"] == {"text": text.summary}
+        assert rule["fullDescription"] == {"text": text.description}
+        assert rule["helpUri"].endswith(f"/docs/rules.md#{rule['id'].lower()}")
+        assert urlsplit(rule["helpUri"]).scheme == "https"
+        help_text, markdown = rule["help"]["text"], rule["help"]["markdown"]
+        assert help_text.startswith(f"Fix: {text.fix}") and f"--ignore {rule['id']}" in help_text
+        assert markdown.startswith("**Fix.** ") and f'ignore = ["{rule["id"]}"]' in markdown
+        for command in text.fix_commands:
+            assert f"$ {command}" in help_text and f"$ {command}" in markdown
+
+
 def test_the_corpus_with_an_unreadable_path_validates(
     corpus: Corpus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -71,6 +71,7 @@ def imported(args: list[str], cwd: Path) -> set[str]:
         ["--help"],
         ["check", "--help"],
         ["retie", "--help"],
+        ["rule", "--help"],
         ["check", "--fail-on", "bogus", "x"],
     ],
 )

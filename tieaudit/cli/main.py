@@ -29,6 +29,7 @@ from tieaudit.cli.common import (
     user_errors,
     write_output,
 )
+from tieaudit.cli.rule import ListsRules
 from tieaudit.core.choices import CHECK_FORMATS, INSPECT_FORMATS
 from tieaudit.core.exit_codes import ExitCode
 from tieaudit.core.interrupts import Interrupted, process_signal
@@ -112,7 +113,7 @@ def _not_one_model(path: str, checkpoints: tuple[str, ...]) -> None:
     raise click.exceptions.Exit(ExitCode.BAD_INPUT)
 
 
-@cli.command()
+@cli.command(cls=ListsRules)
 @click.argument("paths", nargs=-1, type=click.Path())
 @click.option(
     "--policy",
@@ -269,10 +270,8 @@ def check(
     cache ($HF_HUB_CACHE, else $HF_HOME/hub), read offline, never downloaded; a note
     names the snapshot audited.
 
-    Finds copies that should be ties (TIE001: equal, transposed, or cast to lower
-    precision), declared ties that are broken (TIE002) or orphaned (TIE003),
-    vocabulary sizes that disagree (TIE004), overlapping views (TIE006), ties the
-    policy requires (TIE008) and checkpoints over the policy's max-wasted-bytes (TIE009).
+    Each finding names the rule it breaks; every rule is listed under Rules at the end,
+    and `tieaudit rule ID` explains one (when it fires, the fix, how to silence it).
 
     Equality is byte equality: +0.0 and -0.0 differ, NaNs must have the same payload,
     and no tolerance applies (a head one optimizer step away differs by ~2e-5 and is
@@ -345,11 +344,13 @@ def _register_commands() -> None:
     from tieaudit.cli.convert import convert
     from tieaudit.cli.onnx import export, runtime
     from tieaudit.cli.retie import retie
+    from tieaudit.cli.rule import rule
 
     cli.add_command(retie)
     cli.add_command(convert)
     cli.add_command(runtime)
     cli.add_command(export)
+    cli.add_command(rule)
 
 
 _register_commands()

@@ -18,8 +18,10 @@ from tieaudit.core.escape import printable
 from tieaudit.core.version import __version__
 from tieaudit.formats.hf.variants import weights_folder
 from tieaudit.gate.check import Checked, CheckResult
+from tieaudit.report.rules import help_markdown, help_text
 from tieaudit.rules.finding import Finding
 from tieaudit.rules.registry import RULES
+from tieaudit.rules.text_record import help_url
 
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 SRCROOT = "%SRCROOT%"
@@ -83,11 +85,16 @@ def finding_file(checked: Checked, finding: Finding) -> str:
 
 
 def _rules() -> list[dict[str, Any]]:
+    """Every rule with its help, from its record (``rules.texts``): what code scanning shows beside
+    an alert, and the page (helpUri) that explains it."""
     return [
         {
             "id": rule.id,
             "name": rule.kind,
             "shortDescription": {"text": rule.summary},
+            "fullDescription": {"text": rule.text.description},
+            "help": {"text": help_text(rule.text), "markdown": help_markdown(rule.text)},
+            "helpUri": help_url(rule.text),
             "defaultConfiguration": {"level": rule.severity},
         }
         for rule in RULES.values()

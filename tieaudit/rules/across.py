@@ -15,6 +15,7 @@ from tieaudit.core.escape import printable
 from tieaudit.core.units import human_bytes, plural
 from tieaudit.graph.across import AcrossCopy
 from tieaudit.rules.finding import Audited, Finding, Rule
+from tieaudit.rules.texts import TIE012
 
 PAIRS_NAMED = 3
 """Pairs of names a message spells out (the finding's names list all of them)."""
@@ -25,13 +26,7 @@ def made_by_check(audited: Audited) -> Iterator[Finding]:
     yield from ()
 
 
-CROSS_FILE = Rule(
-    id="TIE012",
-    kind="cross-file-copy",
-    severity="note",
-    summary="Another file of the same repository holds the same tensors again, byte for byte.",
-    check=made_by_check,
-)
+CROSS_FILE = Rule(text=TIE012, check=made_by_check)
 
 
 def _pair(copy: AcrossCopy) -> str:

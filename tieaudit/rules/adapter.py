@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from tieaudit.core.escape import printable, quoted
 from tieaudit.formats.hf.variants import may_be_adapter
 from tieaudit.rules.finding import Audited, Finding, Rule
+from tieaudit.rules.texts import TIE013
 
 if TYPE_CHECKING:
     from tieaudit.formats.hf.layouts import Adapter
@@ -109,10 +110,4 @@ def _unknown_base(adapter: Adapter, stored: list[str]) -> Finding:
     )
 
 
-ADAPTER_UNTIES = Rule(
-    id="TIE013",
-    kind="adapter-unties",
-    severity="warning",
-    summary="A PEFT adapter saves its own copy of a module the base model ties, so loading it unties them.",
-    check=adapter_findings,
-)
+ADAPTER_UNTIES = Rule(text=TIE013, check=adapter_findings)

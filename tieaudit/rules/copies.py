@@ -22,6 +22,7 @@ from tieaudit.formats.layer_names import layer_template
 from tieaudit.graph.detect import CopyGroup
 from tieaudit.rules.finding import Audited, Finding, Rule
 from tieaudit.rules.gguf_head import quantized_findings
+from tieaudit.rules.texts import TIE001
 
 if TYPE_CHECKING:
     from tieaudit.formats.family import Family
@@ -250,10 +251,4 @@ def copy_findings(audited: Audited) -> Iterator[Finding]:
     yield from quantized_findings(audited, UNTIED_COPY)
 
 
-UNTIED_COPY = Rule(
-    id="TIE001",
-    kind="untied-copy",
-    severity="warning",
-    summary="Two or more matrices hold equal values in separate storage.",
-    check=copy_findings,
-)
+UNTIED_COPY = Rule(text=TIE001, check=copy_findings)

@@ -11,6 +11,7 @@ from tieaudit.graph.alias import TieState
 from tieaudit.graph.compare import BlockComparer, difference, equal_bytes
 from tieaudit.rules.finding import Audited, Finding, Rule
 from tieaudit.rules.gguf_head import missing_head_findings
+from tieaudit.rules.texts import TIE002, TIE003
 
 
 def _tie_where(state: TieState) -> str:
@@ -93,17 +94,5 @@ def _compare_declared(
     )
 
 
-BROKEN = Rule(
-    id="TIE002",
-    kind="declared-tie-broken",
-    severity="error",
-    summary="A tie is declared, both names are stored, and their values differ.",
-    check=broken_findings,
-)
-ORPHAN = Rule(
-    id="TIE003",
-    kind="declared-tie-orphan",
-    severity="error",
-    summary="A tie is declared but only its target is stored; loaders disagree on this layout.",
-    check=orphan_findings,
-)
+BROKEN = Rule(text=TIE002, check=broken_findings)
+ORPHAN = Rule(text=TIE003, check=orphan_findings)

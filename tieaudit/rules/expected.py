@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 from tieaudit.core.shell import advice, tieaudit_command
 from tieaudit.rules.finding import Audited, Finding, Rule
+from tieaudit.rules.texts import TIE008
 
 
 def _missing_because(tie_target: str, tie_source: str, target: str | None, *, source: str | None) -> str:
@@ -38,10 +39,4 @@ def expected_findings(audited: Audited) -> Iterator[Finding]:
         )
 
 
-EXPECTED_MISSING = Rule(
-    id="TIE008",
-    kind="expected-tie-missing",
-    severity="error",
-    summary="The policy requires a tie that the checkpoint does not have.",
-    check=expected_findings,
-)
+EXPECTED_MISSING = Rule(text=TIE008, check=expected_findings)

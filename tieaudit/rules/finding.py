@@ -1,8 +1,9 @@
 """The Finding record, the Rule that makes findings, and what every rule reads (``Audited``).
 
 Rules are declared in their family modules (``copies``, ``declared``, ``vocab``, ``overlap``,
-``expected``, ``runtime_duplicate``, ``waste``) and collected by ``registry``: the ids SARIF
-publishes, ``--ignore`` accepts and the README lists are exactly the rules some code emits.
+``expected``, ``runtime_duplicate``, ``waste``, ...), each from its record in ``texts``, and
+collected by ``registry``: the ids SARIF publishes, ``--ignore`` accepts and the docs list are
+exactly the rules some code emits.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from tieaudit.graph.detect import CopyGroup
 
 if TYPE_CHECKING:
     from tieaudit.rules.policy import Policy
+    from tieaudit.rules.text_record import RuleText
 
 Severity = Literal["error", "warning", "note"]
 SEVERITIES: tuple[Severity, ...] = ("error", "warning", "note")
@@ -75,20 +77,35 @@ class Audited:
 
 @dataclass(frozen=True, kw_only=True)
 class Rule:
-    """One check tieaudit makes: a stable id and the function that finds its violations."""
+    """One check tieaudit makes: its public record (id, kind, default severity and the texts that
+    explain it, ``texts``) and the function that finds its violations."""
 
-    id: str
-    """Stable id, e.g. TIE001 (SARIF, baselines and --ignore rely on it)."""
-    kind: str
-    """Short slug, e.g. untied-copy."""
-    severity: Severity
-    """Default severity."""
-    summary: str
-    """One sentence a person understands at once."""
+    text: RuleText
+    """What a person is told about the rule (``texts.RULE_TEXTS``, where each is defined once)."""
     check: Callable[[Audited], Iterable[Finding]] = field(repr=False, compare=False)
     """The findings of this rule for one audited checkpoint."""
     over_findings: bool = False
     """Runs after every other rule, on their findings (``Audited.found``)."""
+
+    @property
+    def id(self) -> str:
+        """Stable id, e.g. TIE001 (SARIF, baselines and --ignore rely on it)."""
+        return self.text.id
+
+    @property
+    def kind(self) -> str:
+        """Short slug, e.g. untied-copy."""
+        return self.text.kind
+
+    @property
+    def severity(self) -> Severity:
+        """Default severity."""
+        return self.text.severity
+
+    @property
+    def summary(self) -> str:
+        """One sentence a person understands at once."""
+        return self.text.summary
 
     def finding(
         self,

@@ -20,6 +20,7 @@ from tieaudit.core.training import OptimizerRecord, ParamKey
 from tieaudit.graph.optimizer_map import OptimizerMap, Shape
 from tieaudit.rules.copies import group_relation
 from tieaudit.rules.finding import Audited, Finding, Rule
+from tieaudit.rules.texts import TIE007
 
 TieKind = Literal["tied", "copy", "diverged"]
 
@@ -184,11 +185,4 @@ def optimizer_findings(audited: Audited) -> Iterator[Finding]:
         yield from _one_optimizer(audited, omap)
 
 
-SPLIT = Rule(
-    id="TIE007",
-    kind="optimizer-state-split",
-    severity="error",
-    summary="A training checkpoint's optimizer state does not match the model's ties: two states for "
-    "one tied parameter, a state for each copy, or states no parameter has.",
-    check=optimizer_findings,
-)
+SPLIT = Rule(text=TIE007, check=optimizer_findings)

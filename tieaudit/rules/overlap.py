@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from tieaudit.rules.finding import Audited, Finding, Rule
+from tieaudit.rules.texts import TIE006
 
 
 def overlap_findings(audited: Audited) -> Iterator[Finding]:
@@ -20,10 +21,4 @@ def overlap_findings(audited: Audited) -> Iterator[Finding]:
             )
 
 
-OVERLAPPING = Rule(
-    id="TIE006",
-    kind="overlapping-views",
-    severity="warning",
-    summary="Names share a storage with partially overlapping, non-identical views.",
-    check=overlap_findings,
-)
+OVERLAPPING = Rule(text=TIE006, check=overlap_findings)

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 from tieaudit.core.records import PickleGlobal
 from tieaudit.rules.finding import Audited, Finding, Rule
+from tieaudit.rules.texts import TIE010, TIE011
 
 MAX_NAMED = 8
 """Globals spelled out in one finding's message (all of them are in its ``names``)."""
@@ -81,19 +82,5 @@ def unknown_findings(audited: Audited) -> Iterator[Finding]:
         )
 
 
-RUNS_CODE = Rule(
-    id="TIE010",
-    kind="pickle-runs-code",
-    severity="error",
-    summary="A pickle needs torch.load(weights_only=False): it names a global outside torch's "
-    "weights_only allowlist, which loading would import and call.",
-    check=runs_code_findings,
-)
-UNKNOWN_GLOBAL = Rule(
-    id="TIE011",
-    kind="pickle-unknown-global",
-    severity="note",
-    summary="A pickle names a global torch loads only after add_safe_globals, and the policy's "
-    "safe-globals vouches for it.",
-    check=unknown_findings,
-)
+RUNS_CODE = Rule(text=TIE010, check=runs_code_findings)
+UNKNOWN_GLOBAL = Rule(text=TIE011, check=unknown_findings)

@@ -1,8 +1,9 @@
 """Every rule tieaudit emits, collected from the family modules, and ``evaluate``, which runs them.
 
 ``RULES`` is the one list: SARIF's ``driver.rules``, ``--ignore``, the policy's ``[severity]`` table
-and the README's rule table all come from (or are tested against) it, so a rule that no code emits
-cannot be published. Ids are added, never renumbered.
+and docs/rules.md all come from (or are tested against) it, so a rule that no code emits cannot be
+published. Each rule's public text is its record in ``texts`` (tests/test_rule_docs.py holds the two
+to the same ids). Ids are added, never renumbered.
 """
 
 from __future__ import annotations

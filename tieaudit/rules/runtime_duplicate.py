@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from tieaudit.rules.finding import Audited, Finding, Rule
+from tieaudit.rules.texts import TIE005
 
 
 def runtime_findings(audited: Audited) -> Iterator[Finding]:
@@ -18,10 +19,4 @@ def runtime_findings(audited: Audited) -> Iterator[Finding]:
     yield from (f for f in audited.measured if f.rule == RUNTIME_DUPLICATE.id)
 
 
-RUNTIME_DUPLICATE = Rule(
-    id="TIE005",
-    kind="runtime-duplicate",
-    severity="warning",
-    summary="ONNX Runtime materialises another copy of a shared initializer.",
-    check=runtime_findings,
-)
+RUNTIME_DUPLICATE = Rule(text=TIE005, check=runtime_findings)

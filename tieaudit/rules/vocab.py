@@ -21,6 +21,7 @@ from tieaudit.core.records import Checkpoint, TensorInfo
 from tieaudit.graph.alias import AliasGraph, relate
 from tieaudit.graph.detect import CopyGroup
 from tieaudit.rules.finding import Audited, Finding, Rule
+from tieaudit.rules.texts import TIE004
 
 EMBEDDING_NAMES = (
     "model.embed_tokens.weight",
@@ -160,10 +161,4 @@ def vocab_findings(audited: Audited) -> Iterator[Finding]:
             )
 
 
-VOCAB_MISALIGNED = Rule(
-    id="TIE004",
-    kind="vocab-misaligned",
-    severity="error",
-    summary="Embedding rows, output rows, output bias and declared vocabulary size disagree.",
-    check=vocab_findings,
-)
+VOCAB_MISALIGNED = Rule(text=TIE004, check=vocab_findings)

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from tieaudit.core.shell import advice, tieaudit_command
 from tieaudit.core.units import human_bytes
 from tieaudit.rules.finding import Audited, Finding, Rule
+from tieaudit.rules.texts import TIE009
 
 
 def file_wasted_bytes(findings: tuple[Finding, ...]) -> int:
@@ -32,11 +33,4 @@ def cap_findings(audited: Audited) -> Iterator[Finding]:
     )
 
 
-WASTED_BYTES_CAP = Rule(
-    id="TIE009",
-    kind="wasted-bytes-cap",
-    severity="error",
-    summary="The bytes a checkpoint wastes on copies exceed the policy's max-wasted-bytes.",
-    check=cap_findings,
-    over_findings=True,
-)
+WASTED_BYTES_CAP = Rule(text=TIE009, check=cap_findings, over_findings=True)
