@@ -1,6 +1,6 @@
 """The package's shape: stages as packages, imports only pointing down, no cycles, small modules.
 
-The layers, bottom up (README, "Architecture"): core -> graph -> formats -> rules -> repair ->
+The layers, bottom up (docs/development.md, "Architecture"): core -> graph -> formats -> rules -> repair ->
 runtime -> audit/load -> gate -> report -> cli. A module may import its own package and any
 package below it; ``if TYPE_CHECKING:`` imports are types only and never run, so they count for
 the direction but not for cycles.
@@ -35,7 +35,7 @@ def layer(module: str) -> str:
     if module in ENTRY_MODULES:
         return "entry"
     stage = module.split(".")[1]
-    assert stage in LAYERS, f"{module} is in no layer: add its package to LAYERS and the README"
+    assert stage in LAYERS, f"{module} is in no layer: add its package to LAYERS and docs/development.md"
     return stage
 
 
@@ -116,8 +116,8 @@ def test_the_checks_above_see_a_violation() -> None:
         layer("tieaudit.nowhere.module")
 
 
-def test_the_readme_architecture_tree_lists_every_package_and_entry_module() -> None:
-    readme = (PACKAGE.parent / "README.md").read_text()
+def test_the_docs_architecture_tree_lists_every_package_and_entry_module() -> None:
+    readme = (PACKAGE.parent / "docs" / "development.md").read_text()
     block = readme.split("\n## Architecture\n", 1)[1].split("```", 2)[1]
     listed = {m.group(1) for m in re.finditer(r"^  (\w+/|\w+\.py)", block, flags=re.MULTILINE)}
     actual = {f"{p.name}/" for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}

@@ -43,7 +43,7 @@ RECOGNISED = [
     "BertForMaskedLM",
     "T5ForConditionalGeneration",
 ]
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+DOCS = (Path(__file__).resolve().parent.parent / "docs" / "index.md").read_text()
 
 
 def tiny(name: str, setting: str | None = None) -> Any:
@@ -261,9 +261,9 @@ def test_a_pair_the_class_ties_only_with_its_switch_on_is_not_called_equal_by_co
 def test_the_readme_retie_dry_run_example_shows_the_planned_tie(
     corpus: Corpus, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """README's Usage runs `tieaudit retie model.safetensors --dry-run` on a bare GPT-2 file with a
-    cloned head (tests/test_readme_commands.py puts the corpus's st_gpt2_cloned_head there)."""
-    (line,) = [x for x in README.splitlines() if x.startswith("tieaudit retie model.safetensors --dry-run")]
+    """docs/index.md's usage runs `tieaudit retie model.safetensors --dry-run` on a bare GPT-2 file with
+    a cloned head (tests/test_readme_commands.py puts the corpus's st_gpt2_cloned_head there)."""
+    (line,) = [x for x in DOCS.splitlines() if x.startswith("tieaudit retie model.safetensors --dry-run")]
     shutil.copy(corpus.path("st_gpt2_cloned_head"), tmp_path / "model.safetensors")
     argv = shlex.split(line.split("#")[0])
     assert main([*argv[1:2], str(tmp_path / argv[2]), *argv[3:]]) == 0
