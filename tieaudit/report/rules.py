@@ -28,9 +28,7 @@ INDENT = "  "
 CODE_INDENT = "    "
 """A command or printed line, under a section's prose."""
 SHORTEST_SUMMARY = 12
-"""Columns a summary keeps in the list before it is cut no further (a narrower width overflows)."""
-ELLIPSIS = "..."
-"""The end of a summary cut to fit the list."""
+"""Columns a summary's lines keep in the list however narrow the width (a narrower one overflows)."""
 
 
 def rule_dict(text: RuleText) -> dict[str, Any]:
@@ -102,17 +100,17 @@ def rule_text_lines(text: RuleText, width: int = RULE_WIDTH) -> list[str]:
 
 
 def list_lines(width: int = RULE_WIDTH) -> list[str]:
-    """Every rule on one line (id, default severity, kind, summary), the summary cut to fit width."""
+    """Every rule (id, default severity, kind, summary) from its own line; a summary longer than the
+    width leaves goes on under itself, wrapped at words, never cut."""
     kind_width = max(len(t.kind) for t in RULE_TEXTS.values())
     severity_width = max(len(t.severity) for t in RULE_TEXTS.values())
     lines = []
     for text in RULE_TEXTS.values():
         lead = f"{text.id}  {text.severity:<{severity_width}}  {text.kind:<{kind_width}}  "
         room = max(width - len(lead), SHORTEST_SUMMARY)
-        summary = text.summary
-        if len(summary) > room:
-            summary = summary[: room - len(ELLIPSIS)].rstrip() + ELLIPSIS
-        lines.append(lead + summary)
+        wrapped = textwrap.wrap(text.summary, room, break_long_words=False, break_on_hyphens=False)
+        lines.append(lead + wrapped[0])
+        lines.extend(" " * len(lead) + more for more in wrapped[1:])
     return lines
 
 
