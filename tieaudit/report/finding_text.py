@@ -59,7 +59,7 @@ def names_words(names: tuple[str, ...] | list[str], *, limit: int = NAMES_NAMED)
     """Names, escaped, one word each; past limit, how many more."""
     shown = listed(printable(name) for name in names[:limit])
     if len(names) > limit:
-        shown[-1] = word(shown[-1].spans[0][0] + ",")
+        shown[-1] = shown[-1].around(after=",")
         shown += words(f"and {len(names) - limit} more (--format json lists every name)")
     return shown
 

@@ -82,7 +82,7 @@ def render_files(files: tuple[FileVerdict, ...], width: int = DEFAULT_WIDTH) -> 
         line = [word(f"{entry.verdict:<8}"), word(printable(entry.path))]
         if entry.verdict != "audited" and entry.reason:
             reason = words(f"({printable(entry.reason)})")
-            line += [Word(reason[0].spans, "  "), *reason[1:]]
+            line += [reason[0].around(sep="  "), *reason[1:]]
         lines += wrap(line, width, hang=_FILE_HANG)
     return "".join(ansi(line, color=False) + "\n" for line in lines)
 
@@ -91,16 +91,14 @@ def _status(checked: Checked) -> list[Word]:
     """FAIL or ok, the path, then what was read: format, tensors, bytes, wasted, files covered."""
     ckpt, summary = checked.audit.graph.checkpoint, checked.audit.summary()
     status = word("FAIL", "bold red") if checked.failing else Word((("ok", "green"), ("  ", "")))
-    facts = [ckpt.format, plural(summary.tensors, "tensor"), human_bytes(summary.bytes)]
-    if summary.wasted_bytes:
-        facts.append(f"{human_bytes(summary.wasted_bytes)} wasted")
+    wasted = [f"{human_bytes(summary.wasted_bytes)} wasted"] if summary.wasted_bytes else []
+    facts = listed([ckpt.format, plural(summary.tensors, "tensor"), human_bytes(summary.bytes), *wasted])
     covers = _covers(ckpt)
-    facts = [item + ("," if index < len(facts) - 1 else "") for index, item in enumerate(facts)]
     if covers:
-        facts[-1] += ";"
-    details = [word(item) for item in facts] + covers
-    details[0] = word("(" + details[0].spans[0][0], sep="  ")
-    details[-1] = Word((*details[-1].spans, (")", "")), details[-1].sep)
+        facts[-1] = facts[-1].around(after=";")
+    details = [*facts, *covers]
+    details[0] = details[0].around("(", sep="  ")
+    details[-1] = details[-1].around(after=")")
     return [status, word(printable(ckpt.path)), *details]
 
 

@@ -37,6 +37,12 @@ class Word:
     def width(self) -> int:
         return sum(cells(text) for text, _ in self.spans)
 
+    def around(self, before: str = "", after: str = "", *, sep: str | None = None) -> Word:
+        """The same word with text glued before and after it (a parenthesis, a comma), and sep
+        when given."""
+        spans = ((before, ""), *self.spans, (after, ""))
+        return Word(tuple(span for span in spans if span[0]), self.sep if sep is None else sep)
+
 
 def word(text: str, style: str = "", sep: str = " ") -> Word:
     """One unit of text in one style."""
