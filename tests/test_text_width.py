@@ -22,6 +22,7 @@ from safetensors.numpy import save_file
 
 from tieaudit.cli.main import main
 from tieaudit.core.units import human_bytes
+from tieaudit.report.finding_text import names_words
 from tieaudit.report.layout import MIN_PROSE, Grid, column_widths, records
 from tieaudit.report.wrap import cells, plain, word, words, wrap
 
@@ -270,3 +271,11 @@ def test_show_files_and_errors_fit_the_width(
     error = text.split("\nERROR", 1)[1].splitlines()
     assert error[1] == f"     {broken}:"  # wider than 80: on a line of its own, whole
     assert "files: " in text and all(str(folder / sub) in text for sub in ("llama", "gpt", "many"))
+
+
+def test_a_long_list_of_names_is_counted_past_its_limit() -> None:
+    names = [f"layer.{i}.weight" for i in range(70)]
+    shown = " ".join(w.text for w in names_words(names, limit=64))
+    assert shown.startswith("layer.0.weight, layer.1.weight,")
+    assert shown.endswith("layer.63.weight, and 6 more (--format json lists every name)")
+    assert " ".join(w.text for w in names_words(names[:2])) == "layer.0.weight, layer.1.weight"

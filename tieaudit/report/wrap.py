@@ -37,6 +37,10 @@ class Word:
     def width(self) -> int:
         return sum(cells(text) for text, _ in self.spans)
 
+    @property
+    def text(self) -> str:
+        return "".join(text for text, _ in self.spans)
+
     def around(self, before: str = "", after: str = "", *, sep: str | None = None) -> Word:
         """The same word with text glued before and after it (a parenthesis, a comma), and sep
         when given."""
