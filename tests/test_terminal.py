@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from rich.cells import cell_len
 from safetensors.numpy import save_file
+from test_text_width import too_wide
 
 from tieaudit.cli.common import report_width, use_color
 from tieaudit.cli.main import main
@@ -27,9 +27,6 @@ from tieaudit.report.plain import DEFAULT_WIDTH, MIN_WIDTH
 LONG = ("encoder." + ".".join(f"layer_{i:03d}_block" for i in range(12)) + ".attention.output.dense.weight")[
     :150
 ]
-FIX_LINE = re.compile(r"TIE\d{3} fix: ")
-"""A fix's command, printed below the findings whole, never folded: pasted, it must run as shown
-(the terminal wraps it; tests/test_trust2_fix_quoting.py)."""
 NAMES = ("bert.embeddings.word_embeddings.weight", "cls.predictions.decoder.weight", LONG)
 ESC = "\x1b["
 
@@ -88,33 +85,18 @@ def _in_terminal(args: list[str], columns: int, **env: str | None) -> tuple[int,
     return process.wait(timeout=60), b"".join(chunks).decode().replace("\r\n", "\n")
 
 
-def _folded(text: str, name: str) -> bool:
-    """Whether name is in text whole: on one line, or folded in one column (each piece starting at
-    the same offset on the next line, up to the cell's end), as tables and records fold it."""
-    lines = text.splitlines()
-    for row, line in enumerate(lines):
-        start = line.find(name[0])
-        while start != -1:
-            found, below = "", row
-            while below < len(lines) and len(found) < len(name):
-                piece = lines[below][start:].split(" ", 1)[0].split("│", 1)[0]
-                if not piece or not name.startswith(found + piece):
-                    break
-                found, below = found + piece, below + 1
-            if found == name:
-                return True
-            start = line.find(name[0], start + 1)
-    return False
+def _whole(text: str, name: str) -> bool:
+    """Whether name is in text whole, on one line (a report never breaks a name)."""
+    return any(name in line for line in text.splitlines())
 
 
 def _without_colour(text: str) -> str:
-    import re
 
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
 @pytest.mark.parametrize("width", [60, 200])
-def test_inspect_fits_the_width_and_folds_every_name_whole(
+def test_inspect_fits_the_width_and_keeps_every_name_whole(
     long_names: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, width: int
 ) -> None:
     report = tmp_path / "report.txt"
@@ -122,23 +104,22 @@ def test_inspect_fits_the_width_and_folds_every_name_whole(
     assert main(["inspect", str(long_names), "-o", str(report)]) == 0
     text = report.read_text()
     assert "…" not in text and "..." not in text
-    too_wide = [line for line in text.splitlines() if cell_len(line) > width and not FIX_LINE.match(line)]
-    assert too_wide == []
+    assert too_wide(text, width) == []
     for section in ("Findings", "Tensors (largest first)"):
         part = text.split(section, 1)[1]
-        missing = [name for name in NAMES if not _folded(part, name)]
+        missing = [name for name in NAMES if not _whole(part, name)]
         assert missing == [], f"{section} at {width} columns:\n{part}"
-    if width == 200:  # room enough: tables, and the tensor names each on one line
+    if width == 200:  # room enough: the tensors' table, each name on one line
         assert "┃ name" in text and all(f"│ {name} " in text for name in NAMES)
-    else:  # the findings table cannot fit: one record per finding
-        assert "  names     bert.embeddings.word_embeddings.weight" in text
+    else:  # the table cannot fit: one record per tensor, the name first
+        assert "  bert.embeddings.word_embeddings.weight\n    dtype float32  shape 64x16" in text
 
 
-def test_a_folded_name_never_starts_a_line_with_a_workflow_command(
+def test_a_name_never_starts_a_line_with_a_workflow_command(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     matrix = np.random.default_rng(0).standard_normal((64, 16)).astype(np.float32)
-    names = ["a" * n + "::error::forged" for n in range(30, 60)]  # some fold right before '::'
+    names = ["::error::forged" + "a" * n for n in range(30, 60)]  # each may start a wrapped line
     path = tmp_path / "forge.safetensors"
     save_file({name: matrix.copy() for name in names}, str(path))
     report = tmp_path / "report.txt"
@@ -146,9 +127,9 @@ def test_a_folded_name_never_starts_a_line_with_a_workflow_command(
     assert main(["inspect", str(path), "-o", str(report)]) == 0
     text = report.read_text()
     assert [line for line in text.splitlines() if line.lstrip().startswith("::")] == []
-    assert "·::" in text  # a fold did land there: the guard took the blank's place
+    assert "·::" in text  # a name did start a line: the guard took the blank's place
     findings = text.split("Findings", 1)[1].split("Tensors", 1)[0]
-    assert all(_folded(findings, name) for name in names)
+    assert all(_whole(findings, name) for name in names)
     assert unforgeable_lines("  ::error::x\n::warning::y\nok ::z") == " ·::error::x\n·::warning::y\nok ::z"
 
 
@@ -156,8 +137,8 @@ def test_inspect_follows_the_real_terminal_width_and_colours_it(long_names: Path
     code, shown = _in_terminal(["inspect", str(long_names)], 60)
     assert code == 0 and ESC in shown
     plain = _without_colour(shown)
-    assert max(cell_len(line) for line in plain.splitlines() if not FIX_LINE.match(line)) <= 60
-    assert "…" not in plain and all(_folded(plain.split("Tensors", 1)[1], name) for name in NAMES)
+    assert too_wide(plain, 60) == []
+    assert "…" not in plain and all(_whole(plain.split("Tensors", 1)[1], name) for name in NAMES)
     code, shown = _in_terminal(["inspect", str(long_names)], 60, NO_COLOR="1")
     assert code == 0 and ESC not in shown and _without_colour(shown) == shown
     assert [line.rstrip() for line in shown.splitlines()] == [line.rstrip() for line in plain.splitlines()]
@@ -166,8 +147,12 @@ def test_inspect_follows_the_real_terminal_width_and_colours_it(long_names: Path
 def test_check_lines_are_never_cut(long_names: Path) -> None:
     result = _run(["check", str(long_names)], COLUMNS="60")
     assert result.returncode == 1 and "…" not in result.stdout
-    finding = next(line for line in result.stdout.splitlines() if "TIE001" in line)
-    assert all(name in finding for name in NAMES)  # one line each: the terminal wraps it, a log greps it
+    assert too_wide(result.stdout, 60) == []
+    names = next(line for line in result.stdout.splitlines() if line.startswith("    names: "))
+    assert names == f"    names: {NAMES[0]},"  # each name whole, the list wrapped between names
+    assert all(_whole(result.stdout, name) for name in NAMES)
+    (fix,) = [line for line in result.stdout.splitlines() if line.startswith("    fix: tieaudit retie ")]
+    assert str(long_names) in fix  # the command whole on its line, however wide
 
 
 def test_report_width_rules(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -128,8 +128,8 @@ def _assert_retie_argv(argv: list[str], name: str) -> None:
 
 
 def _from_text(out: str) -> str:
-    (line,) = [line for line in out.splitlines() if line.startswith("      fix: ")]
-    return line.removeprefix("      fix: ")
+    (line,) = [line for line in out.splitlines() if line.startswith("    fix: ")]
+    return line.removeprefix("    fix: ")
 
 
 def _from_inspect_text(out: str) -> str:

@@ -17,6 +17,7 @@ from tieaudit.cli.common import (
     beside_errors,
     echo_error,
     output_options,
+    report_width,
     user_errors,
     write_output,
 )
@@ -189,7 +190,10 @@ def runtime(
     )
     errors = not beside_errors(output)  # each error once: stderr shows them beside the report
     write_output(
-        render_runtime_json(report) if fmt == "json" else render_runtime_text(report, errors=errors), output
+        render_runtime_json(report)
+        if fmt == "json"
+        else render_runtime_text(report, errors=errors, width=report_width(output)),
+        output,
     )
     for result in report.errors:
         echo_error(f"{model}: config {result.config.name}: {result.error}")

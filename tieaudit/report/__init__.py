@@ -101,8 +101,9 @@ def render_check(
         return render_github(result, quiet=quiet)
     from tieaudit.report.plain import render_check_text, render_files
 
-    text = render_check_text(result, color=color, errors=errors, quiet=quiet)
-    return text + render_files(result.files) if show_files else text
+    width = width or DEFAULT_WIDTH
+    text = render_check_text(result, color=color, errors=errors, quiet=quiet, width=width)
+    return text + render_files(result.files, width) if show_files else text
 
 
 def check_report_due(result: CheckResult, fmt: CheckFormat) -> bool:

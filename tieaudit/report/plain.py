@@ -1,9 +1,9 @@
 """The check report in plain lines, without rich: a status line per checkpoint, its findings beneath.
 
-``check``'s text report is lines that are never broken (a terminal wraps them, a log keeps one line
-per finding), styled with a few ANSI codes when it goes to a colour terminal. It needs no layout
-engine, so a pre-commit hook or a CI gate does not pay for importing one: rich is imported by the
-reports that lay out tables (``inspect``, ``--show-files``'s neighbours in ``report.text``).
+``check``'s text report is lines wrapped to the width (``report.wrap``: prose breaks at spaces, a
+path, a tensor name or a command never), styled with a few ANSI codes when it goes to a colour
+terminal. It needs no layout engine, so a pre-commit hook or a CI gate does not pay for importing
+one: rich is imported by the report that lays out tables (``inspect``, in ``report.text``).
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ from tieaudit.core.escape import printable, unforgeable_lines
 from tieaudit.core.records import Checkpoint
 from tieaudit.core.units import human_bytes, plural
 from tieaudit.formats.hf.variants import CONFIG
-from tieaudit.gate.check import CheckResult
+from tieaudit.gate.check import Checked, CheckResult
 from tieaudit.gate.files import FileVerdict
+from tieaudit.report.finding_text import BODY, INDENT, finding_lines
 from tieaudit.report.training import training_lines
+from tieaudit.report.wrap import Line, Word, ansi, listed, word, words, wrap
 
 DEFAULT_WIDTH = 120
 """Width of the text report when it goes neither to a terminal nor under COLUMNS (a file, a pipe)."""
@@ -28,18 +30,10 @@ COVERED_NAMED = 4
 counted (--show-files and --format json list every one)."""
 UNREAD_NAMED = 5
 """Unread tensors (quantized, sparse, meta, ...) a text note names; --format json lists every one."""
-SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "note": "cyan"}
-"""How each severity is shown on a colour terminal."""
-
-_SGR = {"bold": "1", "dim": "2", "red": "31", "green": "32", "yellow": "33", "cyan": "36"}
-"""ANSI select-graphic-rendition codes of the style words used."""
-
-
-def styled(text: str, style: str, *, color: bool) -> str:
-    """text in style ("bold red", "dim", ...) when color, else as it is."""
-    if not color or not style or not text:
-        return text
-    return f"\x1b[{';'.join(_SGR[word] for word in style.split())}m{text}\x1b[0m"
+_STATUS_HANG = 5
+"""Where a status (or ERROR) line continues: under its path."""
+_FILE_HANG = 9
+"""Where a --show-files line continues: under its path."""
 
 
 def trimmed(text: str) -> str:
@@ -65,65 +59,72 @@ def unread_notes(ckpt: Checkpoint) -> list[str]:
     return [printable(f"{count} listed but not read, so not audited (convert refuses them): {named}{rest}")]
 
 
-def _covers(ckpt: Checkpoint) -> str:
-    """'; covers a, b, c and 2 more files' for the files read besides the checkpoint file itself."""
+def _covers(ckpt: Checkpoint) -> list[Word]:
+    """'covers a, b, c and 2 more files' for the files read besides the checkpoint file itself, as
+    words (each file name one)."""
     own = os.path.basename(ckpt.path.rstrip(os.sep))
     others = [name for name in ckpt.files if name != own]
     if not others:
-        return ""
-    named = ", ".join(printable(name) for name in others[:COVERED_NAMED])
+        return []
     more = len(others) - COVERED_NAMED
-    return f"; covers {named}" + (f" and {plural(more, 'more file')}" if more > 0 else "")
+    named = listed(printable(name) for name in others[:COVERED_NAMED])
+    if more > 0:
+        return [word("covers"), *named, *words(f"and {plural(more, 'more file')}")]
+    return [word("covers"), *named]
 
 
-def render_files(files: tuple[FileVerdict, ...]) -> str:
+def render_files(files: tuple[FileVerdict, ...], width: int = DEFAULT_WIDTH) -> str:
     """--show-files: every file with its verdict, then the target covering it or the reason."""
     counts = {v: sum(f.verdict == v for f in files) for v in ("audited", "covered", "skipped", "error")}
-    lines = ["files: " + ", ".join(plural(n, v) if v == "error" else f"{n} {v}" for v, n in counts.items())]
+    items = [plural(n, v) if v == "error" else f"{n} {v}" for v, n in counts.items()]
+    lines = wrap([word("files:"), *listed(items)], width, hang=_FILE_HANG)
     for entry in files:
-        line = f"{entry.verdict:<8} {printable(entry.path)}"
+        line = [word(f"{entry.verdict:<8}"), word(printable(entry.path))]
         if entry.verdict != "audited" and entry.reason:
-            line += f"  ({printable(entry.reason)})"
-        lines.append(line)
-    return "".join(line + "\n" for line in lines)
+            reason = words(f"({printable(entry.reason)})")
+            line += [reason[0].around(sep="  "), *reason[1:]]
+        lines += wrap(line, width, hang=_FILE_HANG)
+    return "".join(ansi(line, color=False) + "\n" for line in lines)
+
+
+def _status(checked: Checked) -> list[Word]:
+    """FAIL or ok, the path, then what was read: format, tensors, bytes, wasted, files covered."""
+    ckpt, summary = checked.audit.graph.checkpoint, checked.audit.summary()
+    status = word("FAIL", "bold red") if checked.failing else Word((("ok", "green"), ("  ", "")))
+    wasted = [f"{human_bytes(summary.wasted_bytes)} wasted"] if summary.wasted_bytes else []
+    facts = listed([ckpt.format, plural(summary.tensors, "tensor"), human_bytes(summary.bytes), *wasted])
+    covers = _covers(ckpt)
+    if covers:
+        facts[-1] = facts[-1].around(after=";")
+    details = [*facts, *covers]
+    details[0] = details[0].around("(", sep="  ")
+    details[-1] = details[-1].around(after=")")
+    return [status, word(printable(ckpt.path)), *details]
 
 
 def render_check_text(
-    result: CheckResult, color: bool = False, *, errors: bool = True, quiet: bool = False
+    result: CheckResult,
+    color: bool = False,
+    *,
+    errors: bool = True,
+    quiet: bool = False,
+    width: int = DEFAULT_WIDTH,
 ) -> str:
-    """One status line per checkpoint (ok, FAIL, ERROR unless not errors) with its findings beneath;
-    quiet: FAIL and ERROR lines only. Lines are not broken (a terminal wraps them, a log keeps one
-    line per finding)."""
-    lines: list[str] = []
+    """One status line per checkpoint (ok, FAIL, ERROR unless not errors) with its notes and
+    findings beneath, wrapped to width (a path, name or command is never broken); quiet: FAIL and
+    ERROR lines only."""
+    lines: list[Line] = []
     for checked in result.checked:
         if quiet and not checked.failing:
             continue
-        ckpt, summary = checked.audit.graph.checkpoint, checked.audit.summary()
-        status = (
-            styled("FAIL ", "bold red", color=color)
-            if checked.failing
-            else styled("ok   ", "green", color=color)
-        )
-        wasted = f", {human_bytes(summary.wasted_bytes)} wasted" if summary.wasted_bytes else ""
-        lines.append(
-            f"{status}{printable(ckpt.path)}  ({ckpt.format}, {plural(summary.tensors, 'tensor')}, "
-            f"{human_bytes(summary.bytes)}{wasted}{_covers(ckpt)})"
-        )
+        lines += wrap(_status(checked), width, hang=_STATUS_HANG)
+        ckpt = checked.audit.graph.checkpoint
         notes = config_notes(ckpt) + unread_notes(ckpt) + training_lines(checked.audit.graph, brief=True)
-        lines.extend(styled(f"  note: {note}", "dim", color=color) for note in notes)
+        for note in notes:
+            lines += wrap(words(f"note: {note}", "dim"), width, indent=INDENT, hang=BODY)
         for finding, accepted in zip(checked.audit.findings, checked.baselined, strict=True):
-            lines.append(
-                styled(f"  {finding.rule} ", "bold", color=color)
-                + styled(finding.severity, SEVERITY_STYLE[finding.severity], color=color)
-                + styled(" (baselined)" if accepted else "", "dim", color=color)
-                + f" {printable(finding.message)}"
-            )
-            if finding.fix and not accepted:
-                lines.append(
-                    styled(printable(f"      {finding.fix.label}: {finding.fix}"), "dim", color=color)
-                )
-    lines.extend(
-        styled("ERROR", "bold red", color=color) + f" {printable(error.path)}: {printable(error.message)}"
-        for error in (result.errors if errors else ())
-    )
-    return trimmed("\n".join(lines))
+            lines += finding_lines(finding, width, baselined=accepted)
+    for error in result.errors if errors else ():
+        error_line = [word("ERROR", "bold red"), word(printable(error.path) + ":")]
+        lines += wrap(error_line + words(printable(error.message)), width, hang=_STATUS_HANG)
+    return trimmed("\n".join(ansi(line, color=color) for line in lines))

@@ -8,7 +8,10 @@ from typing import Any
 from tieaudit.core.escape import printable
 from tieaudit.core.units import human_bytes
 from tieaudit.core.version import __version__
+from tieaudit.report.finding_text import finding_lines
 from tieaudit.report.json_report import finding_dict
+from tieaudit.report.plain import DEFAULT_WIDTH
+from tieaudit.report.wrap import plain
 from tieaudit.runtime.export import ExportedFile, ExportResult
 from tieaudit.runtime.measure import ConfigResult, RuntimeReport
 
@@ -107,9 +110,9 @@ def _recommendation_lines(report: RuntimeReport) -> list[str]:
     ]
 
 
-def render_runtime_text(report: RuntimeReport, *, errors: bool = True) -> str:
+def render_runtime_text(report: RuntimeReport, *, errors: bool = True, width: int = DEFAULT_WIDTH) -> str:
     """The human report; errors=False leaves out the Errors section (stderr has those lines, on the
-    same screen)."""
+    same screen); its findings as in check, fitting width."""
     out = [
         f"{report.path}  onnxruntime {report.onnxruntime_version}, CPU; "
         f"{human_bytes(report.initializer_bytes)} of initializers"
@@ -141,7 +144,7 @@ def render_runtime_text(report: RuntimeReport, *, errors: bool = True) -> str:
     failed = [r.config.name for r in report.errors if r.config.name in report.gated]
     if report.findings:
         out += ["", f"Findings ({gated}):"]
-        out += [f"  {f.rule} {f.severity} {f.message}" for f in report.findings]
+        out += [plain(line) for f in report.findings for line in finding_lines(f, width)]
     elif failed:
         out += ["", f"Runtime duplicates under {', '.join(failed)}: unknown, the configuration failed."]
     else:

@@ -1,11 +1,16 @@
-"""The human report: rich tables of tie groups, declared ties, findings and tensors."""
+"""The human report (``inspect``): tie groups, declared ties, findings and tensors, fitting the width.
+
+Tables where their columns fit, records where they do not (``report.layout``); findings as a few
+lines each (``report.finding_text``, as in ``check``); every other line wrapped at spaces, a name,
+path or command never broken (``report.wrap``).
+"""
 
 from __future__ import annotations
 
 import io
 from collections import Counter
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.text import Text
 
 from tieaudit.audit import Audit
@@ -13,18 +18,21 @@ from tieaudit.core.escape import printable
 from tieaudit.core.records import Checkpoint, Consumer, PickleGlobal
 from tieaudit.core.units import human_bytes, plural
 from tieaudit.graph.alias import TieState
-from tieaudit.report.layout import Cell, Grid, laid_out
-from tieaudit.report.plain import DEFAULT_WIDTH, SEVERITY_STYLE, config_notes, trimmed, unread_notes
+from tieaudit.report.finding_text import INDENT, finding_lines
+from tieaudit.report.layout import Cell, Grid, as_text, laid_out
+from tieaudit.report.plain import DEFAULT_WIDTH, config_notes, trimmed, unread_notes
 from tieaudit.report.training import training_lines
+from tieaudit.report.wrap import Word, word, words, wrap
 
 MAX_TENSOR_ROWS = 30
 """Tensors listed in the text report (the largest first); --format json lists every one."""
 MAX_MESSAGE_CHARS = 2000
 """Characters of a finding's message the text report shows: a message naming 25 000 tied
-parameters wraps to 50 000 lines (5 s of rich's layout); --format json keeps it whole."""
+parameters wraps to 50 000 lines; --format json keeps it whole."""
 MAX_CELL_NAMES = 64
-"""Names one cell of the text report lists (a tie group's, a finding's): a pickle can point 100 000
-names at one storage, and laying out each costs rich about 100 us; --format json lists every one."""
+"""Names one place of the text report lists (a tie group's cell, a finding's names): a pickle can
+point 100 000 names at one storage, and laying out each costs rich about 100 us; --format json
+lists every one."""
 
 
 def cell(text: str, style: str = "") -> Text:
@@ -68,6 +76,7 @@ def _groups_table(audit: Audit) -> Grid:
         title="Tie groups (names sharing one storage)",
         columns=("storage", "names", "relation", "size"),
         right=_SIZE,
+        lead=1,
     )
     for group in audit.graph.groups:
         aliases = set(group.aliases)
@@ -102,34 +111,15 @@ def _consumer_ties_table(audit: Audit) -> Grid:
 
 
 def _ties_table(audit: Audit) -> Grid:
-    table = Grid(title="Declared ties", columns=("target", "source", "declared by", "status"))
+    table = Grid(
+        title="Declared ties",
+        columns=("target", "source", "declared by", "status"),
+        prose=frozenset({"declared by", "status"}),
+    )
     for state in audit.graph.ties:
         tie = state.tie
         table.rows.append((cell(tie.dropped), cell(tie.kept), cell(tie.where), _tie_status(state)))
     return table
-
-
-def _findings_table(audit: Audit) -> Grid:
-    table = Grid(title="Findings", columns=("rule", "severity", "names", "wasted", "message"), right=_SIZE)
-    for finding in audit.findings:
-        table.rows.append(
-            (
-                f"{finding.rule} {finding.kind}",
-                Text(finding.severity, style=SEVERITY_STYLE[finding.severity]),
-                cells(finding.names),
-                human_bytes(finding.wasted_bytes) if finding.wasted_bytes else "",
-                cell(_cut(finding.message)),
-            )
-        )
-    return table
-
-
-def _cut(message: str) -> str:
-    """message, or its first MAX_MESSAGE_CHARS characters and how many more."""
-    if len(message) <= MAX_MESSAGE_CHARS:
-        return message
-    more = len(message) - MAX_MESSAGE_CHARS
-    return f"{message[:MAX_MESSAGE_CHARS]}... ({more} more characters in --format json)"
 
 
 def _tensors_table(audit: Audit) -> tuple[Grid, int]:
@@ -153,56 +143,82 @@ def _tensors_table(audit: Audit) -> tuple[Grid, int]:
     return table, len(tensors) - len(shown)
 
 
-def render_text(audit: Audit, color: bool = False, width: int = DEFAULT_WIDTH) -> str:
-    """The report as text for a terminal (color) or a file (plain), its tables fitting width (a table
-    too wide for it is printed as records; names fold onto the next line, never cut)."""
-    buffer = io.StringIO()
-    console = Console(file=buffer, force_terminal=color, no_color=not color, width=width)
-    ckpt = audit.graph.checkpoint
-    summary = audit.summary()
-    console.print(
-        cell(ckpt.path, "bold"),
-        Text(
-            f"  format {ckpt.format}  {plural(summary.tensors, 'tensor')} in "
-            f"{plural(summary.storages, 'storage')}, {human_bytes(summary.bytes)} stored"
-            + (f", {human_bytes(summary.wasted_bytes)} wasted" if summary.wasted_bytes else "")
-        ),
-        sep="",
-        highlight=False,
-    )
-    if audit.graph.groups:
-        console.print(laid_out(_groups_table(audit), width))
-    else:
-        console.print("No names share a storage.")
-    if audit.graph.consumer_ties:
-        console.print(laid_out(_consumer_ties_table(audit), width))
-    if audit.graph.ties:
-        console.print(laid_out(_ties_table(audit), width))
-    if audit.findings:
-        console.print(laid_out(_findings_table(audit), width))
-        for finding in audit.findings:  # below the table, unfolded: a command pasted as shown runs as shown
-            if finding.fix:
-                shown = f"{finding.rule} {finding.fix.label}: {finding.fix}"
-                console.print(cell(shown), highlight=False, soft_wrap=True)
-    else:
-        console.print("No findings.")
-    table, hidden = _tensors_table(audit)
-    console.print(laid_out(table, width))
-    if hidden:
-        console.print(f"{plural(hidden, 'smaller tensor')} not shown; --format json lists every tensor.")
+def _header(audit: Audit) -> list[Word]:
+    """The path, then format, tensors, storages, bytes stored and wasted."""
+    ckpt, summary = audit.graph.checkpoint, audit.summary()
+    facts = [
+        f"{plural(summary.tensors, 'tensor')} in {plural(summary.storages, 'storage')},",
+        f"{human_bytes(summary.bytes)} stored",
+    ]
+    if summary.wasted_bytes:
+        facts[-1] += ","
+        facts.append(f"{human_bytes(summary.wasted_bytes)} wasted")
+    return [
+        word(printable(ckpt.path), "bold"),
+        word(f"format {ckpt.format}", sep="  "),
+        word(facts[0], sep="  "),
+        *(word(fact) for fact in facts[1:]),
+    ]
+
+
+def _notes(ckpt: Checkpoint, audit: Audit) -> list[str]:
     reader_notes = [printable(note) for note in ckpt.notes]
-    for note in (
+    return (
         reader_notes
         + family_notes(ckpt)
         + config_notes(ckpt)
         + unread_notes(ckpt)
         + training_lines(audit.graph)
-    ):
-        console.print(Text(f"note: {note}", overflow="fold"), highlight=False)  # prose: fits the width
+    )
+
+
+def render_text(audit: Audit, color: bool = False, width: int = DEFAULT_WIDTH) -> str:
+    """The report as text for a terminal (color) or a file (plain), fitting width: tables where
+    their columns fit it, else records; a name, path or command is never broken (one wider than
+    the width stands whole on its own line)."""
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=color, no_color=not color, width=width)
+
+    def show(*parts: RenderableType, prose: list[Word] | None = None, hang: int = 0) -> None:
+        fitted = [as_text(line) for line in wrap(prose, width, hang=hang)] if prose else []
+        for part in [*parts, *fitted]:
+            # a line fitted already is not wrapped again: rich would fold a long name in it
+            console.print(part, soft_wrap=isinstance(part, Text), highlight=False)
+
+    ckpt = audit.graph.checkpoint
+    show(prose=_header(audit), hang=INDENT)
+    if audit.graph.groups:
+        show(*laid_out(_groups_table(audit), width))
+    else:
+        show(prose=words("No names share a storage."))
+    if audit.graph.consumer_ties:
+        show(*laid_out(_consumer_ties_table(audit), width))
+    if audit.graph.ties:
+        show(*laid_out(_ties_table(audit), width))
+    if audit.findings:
+        show(prose=words("Findings", "italic"))
+        for finding in audit.findings:
+            show(
+                *(
+                    as_text(line)
+                    for line in finding_lines(
+                        finding, width, names_named=MAX_CELL_NAMES, max_chars=MAX_MESSAGE_CHARS
+                    )
+                )
+            )
+    else:
+        show(prose=words("No findings."))
+    table, hidden = _tensors_table(audit)
+    show(*laid_out(table, width))
+    if hidden:
+        show(prose=words(f"{plural(hidden, 'smaller tensor')} not shown; --format json lists every tensor."))
+    for note in _notes(ckpt, audit):
+        show(prose=words(f"note: {note}"), hang=INDENT)
     if ckpt.pickle_globals:
-        console.print(Text(pickle_globals_line(ckpt.pickle_globals)), highlight=False, soft_wrap=True)
+        show(prose=words(pickle_globals_line(ckpt.pickle_globals)), hang=INDENT)
     if ckpt.skipped:
-        console.print(f"{plural(ckpt.skipped_total, 'non-tensor entry')} skipped (--format json lists them).")
+        skipped = f"{plural(ckpt.skipped_total, 'non-tensor entry')} skipped (--format json lists them)."
+        show(prose=words(skipped))
     return trimmed(buffer.getvalue())
 
 
