@@ -28,9 +28,14 @@ TIE001 = RuleText(
     "different types (relation quantized).",
     example="model.pt, written by torch.save, stores head.weight as a clone of emb.weight.",
     example_command="tieaudit check model.pt",
-    example_output="  TIE001 warning head.weight holds the same bytes as emb.weight in separate storage "
-    "(32.0 KiB wasted): values that are equal are not a tie; each copy trains and loads as its own "
-    "parameter.\n      fix: tieaudit retie model.pt model-retied.pt",
+    example_output=(
+        "  TIE001 warning  untied-copy (equal), 32.0 KiB wasted\n"
+        "    names: emb.weight, head.weight\n"
+        "    head.weight holds the same bytes as emb.weight in separate storage (32.0 KiB\n"
+        "    wasted): values that are equal are not a tie; each copy trains and loads as\n"
+        "    its own parameter.\n"
+        "    fix: tieaudit retie model.pt model-retied.pt"
+    ),
     fix="Re-tie the copies with the command on the finding's fix line: retie writes one tensor for the "
     "group and checks every name against the input bit for bit before its output takes its place. "
     "The fix line adds --relations where the format needs it and --all-equal where the format's "
@@ -56,11 +61,16 @@ TIE002 = RuleText(
     example="A Llama folder whose config.json ties the head to the embedding (tie_word_embeddings) "
     "stores both, and the head has drifted from the embedding.",
     example_command="tieaudit check llama",
-    example_output="  TIE002 error config.json (tie_word_embeddings, table) ties lm_head.weight to "
-    "model.embed_tokens.weight, but both are stored and their values differ (max abs difference "
-    "7.83e-05, 100.0% of elements). transformers 4.57 silently re-ties and discards the stored "
-    "lm_head.weight; 5.x keeps both untied.\n      advice: decide which matrix is right: untie in the "
-    "config, or store only model.embed_tokens.weight",
+    example_output=(
+        "  TIE002 error  declared-tie-broken\n"
+        "    names: lm_head.weight, model.embed_tokens.weight\n"
+        "    config.json (tie_word_embeddings, table) ties lm_head.weight to\n"
+        "    model.embed_tokens.weight, but both are stored and their values differ (max\n"
+        "    abs difference 7.83e-05, 100.0% of elements). transformers 4.57 silently\n"
+        "    re-ties and discards the stored lm_head.weight; 5.x keeps both untied.\n"
+        "    advice: decide which matrix is right: untie in the config, or store only\n"
+        "      model.embed_tokens.weight"
+    ),
     fix="Decide which matrix is right. If the two are separate parameters, remove the declaration "
     "(tie_word_embeddings: false in config.json, or the record in the metadata, index or policy); if "
     "they are one, store only the tie's source and drop its target.",
@@ -79,10 +89,16 @@ TIE003 = RuleText(
     example="A Llama folder whose config.json ties the head to the embedding stores lm_head.weight "
     "and no model.embed_tokens.weight.",
     example_command="tieaudit check llama",
-    example_output="  TIE003 error config.json (tie_word_embeddings, table) ties lm_head.weight to "
-    "model.embed_tokens.weight, but only lm_head.weight is stored. Loaders disagree on this layout: "
-    "transformers 4.57 leaves both on the meta device, 5.x swaps source and target.\n      advice: "
-    "store the matrix under model.embed_tokens.weight (and drop lm_head.weight)",
+    example_output=(
+        "  TIE003 error  declared-tie-orphan\n"
+        "    names: lm_head.weight, model.embed_tokens.weight\n"
+        "    config.json (tie_word_embeddings, table) ties lm_head.weight to\n"
+        "    model.embed_tokens.weight, but only lm_head.weight is stored. Loaders\n"
+        "    disagree on this layout: transformers 4.57 leaves both on the meta device,\n"
+        "    5.x swaps source and target.\n"
+        "    advice: store the matrix under model.embed_tokens.weight (and drop\n"
+        "      lm_head.weight)"
+    ),
     fix="Store the matrix under the tie's source name and drop the target, as the advice line says: "
     "every loader restores the target from the source. For a GGUF file, convert the model again "
     "with output.weight stored, or load it with a llama.cpp whose loader for that architecture "
@@ -102,8 +118,12 @@ TIE004 = RuleText(
     "transposed relative to the embedding is measured along its other axis.",
     example="A folder's config.json says vocab_size 288, and model.embed_tokens.weight has 256 rows.",
     example_command="tieaudit check llama",
-    example_output="  TIE004 error vocabulary sizes disagree: embedding rows (model.embed_tokens.weight) "
-    "= 256, config vocab_size (config.json) = 288.",
+    example_output=(
+        "  TIE004 error  vocab-misaligned\n"
+        "    names: model.embed_tokens.weight\n"
+        "    vocabulary sizes disagree: embedding rows (model.embed_tokens.weight) = 256,\n"
+        "    config vocab_size (config.json) = 288."
+    ),
     fix="Make the sizes agree: resize the embedding and the head together (transformers' "
     "resize_token_embeddings also updates vocab_size) and save the model again, or correct vocab_size "
     "in config.json. tieaudit inspect lists every tensor with its shape.",
@@ -123,11 +143,18 @@ TIE005 = RuleText(
     "once, so these bytes are memory, not counted in the file's wasted bytes.",
     example="model.onnx stores a tied embedding E once; the head reads it through a Transpose.",
     example_command="tieaudit check model.onnx --runtime",
-    example_output="  TIE005 warning ONNX Runtime (default session options) constant-folds proj_t into "
-    "a new initializer, a transposed copy of E (32.0 KiB), while the graph still reads E.\n      "
-    'advice: create the session with options.add_session_config_entry("optimization.disable_specified'
-    '_optimizers", "ConstantFolding"); options.add_session_config_entry("session.disable_prepacking", '
-    '"1") (tieaudit runtime model.onnx measures the cost)',
+    example_output=(
+        "  TIE005 warning  runtime-duplicate (transposed), 32.0 KiB wasted\n"
+        "    names: E, proj_t\n"
+        "    ONNX Runtime (default session options) constant-folds proj_t into a new\n"
+        "    initializer, a transposed copy of E (32.0 KiB), while the graph still reads\n"
+        "    E.\n"
+        "    advice: create the session with\n"
+        '      options.add_session_config_entry("optimization.disable_specified_optimizers",\n'
+        '      "ConstantFolding");\n'
+        '      options.add_session_config_entry("session.disable_prepacking", "1")\n'
+        "      (tieaudit runtime model.onnx measures the cost)"
+    ),
     fix="Create the ONNX Runtime session with the options the advice line names. tieaudit runtime "
     "measures memory and latency under several session configurations, recommends the one that "
     "keeps one copy at the lowest latency and prints the SessionOptions lines for it.",
@@ -146,8 +173,12 @@ TIE006 = RuleText(
     example="views.pt was saved with rows_lo = w[:192] and rows_hi = w[64:], two slices of one tensor w "
     "of 256 rows.",
     example_command="tieaudit check views.pt",
-    example_output="  TIE006 warning rows_lo, rows_hi share storage 0 with partially overlapping views: "
-    "writing one silently changes part of the other.",
+    example_output=(
+        "  TIE006 warning  overlapping-views\n"
+        "    names: rows_lo, rows_hi\n"
+        "    rows_lo, rows_hi share storage 0 with partially overlapping views: writing\n"
+        "    one silently changes part of the other."
+    ),
     fix="If the names are meant to be independent, save each as its own tensor (.clone() before "
     "torch.save); if they are views of one tensor on purpose, save the whole tensor once and take the "
     "slices after loading.",
@@ -168,11 +199,19 @@ TIE007 = RuleText(
     example="train.pt holds a model whose head was tied to its embedding after training, and the "
     "optimizer state of the untied model, with an entry for each.",
     example_command="tieaudit check train.pt",
-    example_output="  TIE007 error model.emb.weight and model.head.weight are one parameter (they share "
-    "one storage), but optimizer has 2 entries for them (parameter keys 0, 3; 2 of them hold state): "
-    "load_state_dict into the tied model fails (a group has fewer parameters than the state lists).\n"
-    "      advice: keep one state for the tied parameter and renumber param_groups (retie of the "
-    "untied checkpoint does both)",
+    example_output=(
+        "  TIE007 error  optimizer-state-split, 64.0 KiB wasted\n"
+        "    names: model.emb.weight, model.head.weight, optimizer.state.0.step,\n"
+        "      optimizer.state.0.exp_avg, optimizer.state.0.exp_avg_sq,\n"
+        "      optimizer.state.3.step, optimizer.state.3.exp_avg,\n"
+        "      optimizer.state.3.exp_avg_sq\n"
+        "    model.emb.weight and model.head.weight are one parameter (they share one\n"
+        "    storage), but optimizer has 2 entries for them (parameter keys 0, 3; 2 of\n"
+        "    them hold state): load_state_dict into the tied model fails (a group has\n"
+        "    fewer parameters than the state lists).\n"
+        "    advice: keep one state for the tied parameter and renumber param_groups\n"
+        "      (retie of the untied checkpoint does both)"
+    ),
     fix="Keep one optimizer state per parameter. retie of a torch training checkpoint with copies "
     "keeps one state for each tied pair and renumbers param_groups, so load_state_dict into the tied "
     "model works (--keep NAME chooses whose state is kept); for a model tied by hand with the "
@@ -193,8 +232,13 @@ TIE008 = RuleText(
     example='tieaudit.toml holds [[expect-tie]] target = "head.weight", source = "emb.weight", and '
     "model.pt stores head.weight as a clone of emb.weight.",
     example_command="tieaudit check model.pt --policy tieaudit.toml",
-    example_output="  TIE008 error the policy (tieaudit.toml) requires head.weight tied to emb.weight, but "
-    "both are stored in separate storage.\n      fix: tieaudit retie model.pt OUT",
+    example_output=(
+        "  TIE008 error  expected-tie-missing\n"
+        "    names: head.weight, emb.weight\n"
+        "    the policy (tieaudit.toml) requires head.weight tied to emb.weight, but both\n"
+        "    are stored in separate storage.\n"
+        "    fix: tieaudit retie model.pt OUT"
+    ),
     fix="When both are stored as copies, re-tie them (the fix line's command, OUT being the file to "
     "write). Otherwise save the checkpoint from the tied model, or correct the policy's expect-tie "
     "entry if the model is not meant to tie them.",
@@ -211,9 +255,14 @@ TIE009 = RuleText(
     "finding names every tensor of the findings that waste bytes.",
     example='tieaudit.toml sets max-wasted-bytes = "16KiB", and model.pt wastes 32 KiB on a copy.',
     example_command="tieaudit check model.pt --policy tieaudit.toml",
-    example_output="  TIE009 error copies waste 32.0 KiB (32768 bytes), more than the policy's "
-    "max-wasted-bytes of 16.0 KiB (16384 bytes).\n      advice: re-tie the copies (tieaudit retie "
-    "model.pt OUT) or raise max-wasted-bytes",
+    example_output=(
+        "  TIE009 error  wasted-bytes-cap\n"
+        "    names: emb.weight, head.weight\n"
+        "    copies waste 32.0 KiB (32768 bytes), more than the policy's max-wasted-bytes\n"
+        "    of 16.0 KiB (16384 bytes).\n"
+        "    advice: re-tie the copies (tieaudit retie model.pt OUT) or raise\n"
+        "      max-wasted-bytes"
+    ),
     fix="Re-tie the copies that waste the bytes (the commands on the other findings' fix lines), or "
     "raise max-wasted-bytes.",
     fix_commands=("tieaudit retie model.pt model-retied.pt",),
@@ -232,12 +281,16 @@ TIE010 = RuleText(
     "instantiated, state set). tieaudit reads the pickle with inert placeholders and calls nothing.",
     example='checkpoint.pt was saved with the run\'s argparse.Namespace beside the model ("args").',
     example_command="tieaudit check checkpoint.pt",
-    example_output="  TIE010 error checkpoint.pt needs torch.load(weights_only=False), which would import "
-    "and use globals outside torch's weights_only allowlist: argparse.Namespace (imported, "
-    "instantiated, state set). torch.load(weights_only=True) refuses the file; tieaudit read it with "
-    "inert placeholders and called nothing.\n      advice: do not load this file with "
-    "weights_only=False; rebuild it from a trusted source (or keep only its tensors, e.g. as "
-    "safetensors)",
+    example_output=(
+        "  TIE010 error  pickle-runs-code\n"
+        "    names: argparse.Namespace\n"
+        "    checkpoint.pt needs torch.load(weights_only=False), which would import and\n"
+        "    use globals outside torch's weights_only allowlist: argparse.Namespace\n"
+        "    (imported, instantiated, state set). torch.load(weights_only=True) refuses\n"
+        "    the file; tieaudit read it with inert placeholders and called nothing.\n"
+        "    advice: do not load this file with weights_only=False; rebuild it from a\n"
+        "      trusted source (or keep only its tensors, e.g. as safetensors)"
+    ),
     fix="Do not load the file with weights_only=False unless you trust where it came from. Rebuild it "
     "from a trusted source, or save only its tensors (a state dict, or safetensors, which holds no "
     "code).",
@@ -257,11 +310,17 @@ TIE011 = RuleText(
     example="checkpoint.pt holds the run's argparse.Namespace, and tieaudit.toml says safe-globals = "
     '["argparse.Namespace"].',
     example_command="tieaudit check checkpoint.pt --policy tieaudit.toml",
-    example_output="  TIE011 note checkpoint.pt names globals outside torch's default weights_only "
-    "allowlist that the policy's safe-globals vouches for: argparse.Namespace (imported, "
-    "instantiated, state set). torch.load(weights_only=True) refuses it unless "
-    "torch.serialization.add_safe_globals names them (and the types their calls return).\n      "
-    "advice: load it inside torch.serialization.safe_globals([...]) naming exactly these globals",
+    example_output=(
+        "  TIE011 note  pickle-unknown-global\n"
+        "    names: argparse.Namespace\n"
+        "    checkpoint.pt names globals outside torch's default weights_only allowlist\n"
+        "    that the policy's safe-globals vouches for: argparse.Namespace (imported,\n"
+        "    instantiated, state set). torch.load(weights_only=True) refuses it unless\n"
+        "    torch.serialization.add_safe_globals names them (and the types their calls\n"
+        "    return).\n"
+        "    advice: load it inside torch.serialization.safe_globals([...]) naming\n"
+        "      exactly these globals"
+    ),
     fix="Load the file inside torch.serialization.safe_globals([...]) naming exactly these globals. "
     "Taking a name out of safe-globals makes the file a TIE010 error again.",
 )
@@ -279,9 +338,14 @@ TIE012 = RuleText(
     example="A repository folder holds model.pt and model.safetensors, converted from it by tieaudit "
     "convert model.pt model.safetensors.",
     example_command="tieaudit check repo",
-    example_output="  TIE012 note 2 tensors (64.0 KiB) of repo/model.safetensors are byte for byte in "
-    "repo/model.pt too (emb.weight, head.weight): most of the file is the same weights again (if the "
-    "two are one model in two formats, publishing one saves the bytes).",
+    example_output=(
+        "  TIE012 note  cross-file-copy (equal), 64.0 KiB wasted\n"
+        "    names: emb.weight, head.weight\n"
+        "    2 tensors (64.0 KiB) of repo/model.safetensors are byte for byte in\n"
+        "    repo/model.pt too (emb.weight, head.weight): most of the file is the same\n"
+        "    weights again (if the two are one model in two formats, publishing one saves\n"
+        "    the bytes)."
+    ),
     fix="If the files are one model in two formats, publish one of them; where several files are "
     "loaded together (decoders), let them share the weights.",
 )
@@ -300,12 +364,17 @@ TIE013 = RuleText(
     "base class is found.",
     example='adapter/ was saved by PEFT from a GPT-2 model with modules_to_save=["lm_head"].',
     example_command="tieaudit check adapter",
-    example_output="  TIE013 warning the adapter's modules_to_save saves its own lm_head but not "
-    "transformer.wte: on a base GPT2LMHeadModel (which its class ties by default: lm_head.weight = "
-    "transformer.wte.weight), PEFT loads them as two separate matrices and the tie is broken "
-    "(adapter_config.json: ensure_weight_tying is not true).\n      advice: make the adapter with "
-    "ensure_weight_tying=True (PEFT keeps the tied modules one), or leave the tied modules out of "
-    "modules_to_save, and save it again",
+    example_output=(
+        "  TIE013 warning  adapter-unties\n"
+        "    names: base_model.model.lm_head.weight\n"
+        "    the adapter's modules_to_save saves its own lm_head but not transformer.wte:\n"
+        "    on a base GPT2LMHeadModel (which its class ties by default: lm_head.weight =\n"
+        "    transformer.wte.weight), PEFT loads them as two separate matrices and the\n"
+        "    tie is broken (adapter_config.json: ensure_weight_tying is not true).\n"
+        "    advice: make the adapter with ensure_weight_tying=True (PEFT keeps the tied\n"
+        "      modules one), or leave the tied modules out of modules_to_save, and save\n"
+        "      it again"
+    ),
     fix="Make the adapter again with ensure_weight_tying=True in its LoraConfig (PEFT then keeps the "
     "tied modules one), or leave the tied modules out of modules_to_save.",
 )
