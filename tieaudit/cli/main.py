@@ -80,30 +80,31 @@ def inspect(path: str, fmt: InspectFormat, output: str | None) -> None:
     from tieaudit.audit import audit_path
     from tieaudit.report import render
 
-    path = from_cache(path)
+    given, path = path, from_cache(path)
     others: tuple[str, ...] = ()
     if os.path.isdir(path):
         from tieaudit.gate.discover import folder_checkpoints
 
         one_model, others = folder_checkpoints(path)
         if not one_model:
-            _not_one_model(path, others)
-    audit = audit_path(path)
+            _not_one_model(path, others, given=given)
+    audit = audit_path(path).as_given(path, given)
     write_output(render(audit, fmt, color=use_color(output), width=report_width(output)), output)
     if others:
         count = plural(len(others), "other checkpoint")
-        command = tieaudit_command("check", path)
+        command = tieaudit_command("check", given)
         echo_note(f"{count} in {path} {agree(len(others), 'is')} audited by `{command}`")
 
 
-def _not_one_model(path: str, checkpoints: tuple[str, ...]) -> None:
-    """inspect of a folder that is not one model: what `check` would audit in it instead; exit 2."""
+def _not_one_model(path: str, checkpoints: tuple[str, ...], *, given: str) -> None:
+    """inspect of a folder that is not one model (given: as typed, a cache's repository id for
+    its snapshot): what `check` would audit in it instead; exit 2."""
     why = "no config.json or shard index beside weights"
     if not checkpoints:
         echo_error(f"{path}: no weights found: not one model ({why}), and no checkpoint under it")
     else:
         count = plural(len(checkpoints), "checkpoint")
-        command = tieaudit_command("check", path)
+        command = tieaudit_command("check", given)
         echo_error(f"{path}: not one model ({why}); `{command}` audits the {count} under it:")
         for checkpoint in checkpoints:
             echo_note(f"  {checkpoint}")
