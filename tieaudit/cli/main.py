@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 from tieaudit.cli.check_output import report_failures, show_check
 from tieaudit.cli.common import (
+    STDOUT,
     SizeParam,
     TieauditGroup,
     debug_option,
@@ -291,6 +292,7 @@ def check(
     """
     import dataclasses
 
+    from tieaudit.core.atomic import require_writable
     from tieaudit.gate.baseline import fingerprint_root, load_baseline, write_baseline
     from tieaudit.gate.check import run_check
     from tieaudit.rules.policy import load_policy
@@ -305,6 +307,9 @@ def check(
         return
     if not paths:
         raise click.UsageError("Missing argument 'PATHS...' (only --show-settings runs without one)")
+    for written in (write_baseline_path, output):  # a file that cannot be written: said before any audit
+        if written is not None and written != STDOUT:
+            require_writable(written)
     baseline = load_baseline(baseline_path) if baseline_path else None
     root = fingerprint_root(baseline, write_baseline_path)
     result = run_check(
