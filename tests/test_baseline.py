@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -162,9 +163,87 @@ def test_paths_and_names_that_are_not_utf8_have_fingerprints_and_round_trip(tmp_
     (written,) = json.loads(text)["findings"]
     assert written["path"] == "models/\udcff\n.safetensors"
     assert written["names"] == sorted(accepted.names)
-    assert written["fingerprint"] == accepted.fingerprint == fingerprint(
-        path, "TIE001", list(accepted.names), root=str(tmp_path)
+    assert (
+        written["fingerprint"]
+        == accepted.fingerprint
+        == fingerprint(path, "TIE001", list(accepted.names), root=str(tmp_path))
     )
     plain = hashlib.sha256(json.dumps(["m.pt", "TIE001", ["a"]], separators=(",", ":")).encode()).hexdigest()
     # UTF-8 unchanged
     assert fingerprint(str(tmp_path / "m.pt"), "TIE001", ["a"], root=str(tmp_path)) == plain
+
+
+def _entries(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+@pytest.mark.parametrize(
+    ("where", "why"),
+    [
+        ("missing/baseline.json", "cannot write here: no folder {repo}/missing"),
+        (
+            "models/clean.safetensors/baseline.json",
+            "cannot write here: {repo}/models/clean.safetensors is not a folder",
+        ),
+    ],
+)
+def test_a_baseline_that_cannot_be_written_stops_the_run_before_any_audit(
+    repo: Path, where: str, why: str
+) -> None:
+    """One line and exit 2 at once, not after auditing every checkpoint; nothing is created."""
+    before = _entries(repo)
+    result = check(repo, "--write-baseline", str(repo / where))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.splitlines() == [f"tieaudit: error: {repo / where}: {why.format(repo=repo)}"]
+    assert _entries(repo) == before
+    # -o too; a SARIF report that can be written says why the run stopped, and holds no result
+    result = check(repo, "-o", str(repo / where))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.splitlines() == [f"tieaudit: error: {repo / where}: {why.format(repo=repo)}"]
+    result = check(repo, "--write-baseline", str(repo / where), "-f", "sarif", "-o", "out.sarif")
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
+    (run,) = json.loads((repo / "out.sarif").read_text())["runs"]
+    assert run["results"] == []
+    assert run["invocations"][0]["toolExecutionNotifications"][0]["message"]["text"].endswith(
+        why.format(repo=repo)
+    )
+
+
+def test_a_baseline_naming_a_folder_is_refused_before_any_audit(repo: Path) -> None:
+    for option in ("--write-baseline", "-o"):
+        result = check(repo, option, "models")
+        assert (result.returncode, result.stdout) == (2, "")
+        (line,) = result.stderr.splitlines()
+        assert "'models' is a directory" in line  # click's check of dir_okay=False
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes a folder whatever its mode")
+def test_a_baseline_in_a_folder_that_cannot_be_written_stops_the_run_before_any_audit(repo: Path) -> None:
+    locked = repo / "locked"
+    locked.mkdir(mode=0o555)
+    result = check(repo, "--write-baseline", "locked/baseline.json")
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.splitlines() == [
+        f"tieaudit: error: locked/baseline.json: cannot write here: folder {locked} is not writable"
+    ]
+    assert not any(locked.iterdir())
+
+
+def test_a_baseline_on_a_read_only_filesystem_is_refused_up_front(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What os.access cannot see for root: the filesystem mounted read-only (its statvfs flag)."""
+    import tieaudit.core.atomic
+    from tieaudit.core.atomic import require_writable
+    from tieaudit.core.errors import OutputError
+
+    real = os.statvfs
+
+    class ReadOnly:
+        def __init__(self, path: str) -> None:
+            self.f_flag = real(path).f_flag | os.ST_RDONLY
+
+    monkeypatch.setattr(tieaudit.core.atomic.os, "statvfs", ReadOnly)
+    with pytest.raises(OutputError, match=f"folder {repo} is on a read-only filesystem"):
+        require_writable(str(repo / "baseline.json"))
+    assert not (repo / "baseline.json").exists()

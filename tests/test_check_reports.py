@@ -58,3 +58,13 @@ def test_a_report_that_is_not_format_equals_file_is_a_usage_error(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "is not FORMAT=FILE" in err
     assert sorted(p.name for p in Path().iterdir()) == ["models"]  # nothing written
+
+
+def test_a_report_that_cannot_be_written_is_said_before_any_audit(
+    models: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["check", "models", "--report", "sarif=no-such-folder/t.sarif"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no-such-folder" in err
+    assert "checkpoint" not in err  # no closing line: nothing was audited
+    assert sorted(p.name for p in Path().iterdir()) == ["models"]

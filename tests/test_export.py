@@ -114,6 +114,10 @@ def test_hf_folder_exports_with_the_tie_kept_and_parity(
     assert main(["export", str(gpt2_folder), str(out), "--atol", "1e-5"]) == 0
     summary = capsys.readouterr().err
     assert "re-tied: nothing" in summary and "tie check: ok" in summary and "TIE005" in summary
+    assert "  initializers: 464," in summary
+    assert (
+        f"bytes: {116_160 * 4:,} of parameters, all the torch model holds (a tie counted once); " in summary
+    )
     assert _leftovers(tmp_path) == []
 
     # Checked here, not taken from the summary: every torch parameter stored once, and the logits.
@@ -121,8 +125,11 @@ def test_hf_folder_exports_with_the_tie_kept_and_parity(
     import transformers
 
     model = transformers.GPT2LMHeadModel.from_pretrained(gpt2_folder).eval()
-    names = {f"m.{name}": p for name, p in model.named_parameters(remove_duplicate=False)}
+    names = dict(model.named_parameters(remove_duplicate=False))
     stored = {init.name: numpy_helper.to_array(init) for init in onnx.load(str(out)).graph.initializer}
+    # named as the model's state_dict names them (no prefix from the module export wraps it in)
+    assert {"transformer.wte.weight", "lm_head.weight"} & set(stored)
+    assert {name for name in stored if "." in name} <= set(model.state_dict())
     weights = {name: value for name, value in stored.items() if name in names}
     assert len({id(names[name]) for name in weights}) == len(weights) == len(list(model.parameters()))
     parameter_bytes = sum(p.numel() * 4 for p in model.parameters())  # tied: listed once
@@ -236,3 +243,40 @@ def test_a_folder_with_custom_code_is_refused_without_running_it_or_prompting(tm
     assert run.stderr.startswith("tieaudit: error: "), run.stderr
     assert len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert not list(tmp_path.rglob("pwned_marker")) and not (tmp_path / "out.onnx").exists()
+
+
+@pytest.mark.parametrize(
+    ("stored", "repeated", "says"),
+    [
+        (
+            1000,
+            0,
+            "1,000 of parameters, all the torch model holds (a tie counted once); 24 of graph constants",
+        ),
+        (
+            900,
+            0,
+            "900 of parameters under their own names, of the 1,000 the torch model holds (a tie counted "
+            "once; the exporter merged or folded the other 100 into the graph); 24 of graph constants",
+        ),
+        (
+            1200,
+            200,
+            "1,000 of parameters, all the torch model holds (a tie counted once); 200 more for parameters "
+            "stored again in another file (each file loads alone); 24 of graph constants",
+        ),
+    ],
+)
+def test_the_bytes_line_reads_as_information(stored: int, repeated: int, says: str) -> None:
+    """Where the initializer bytes come from, said as a fact: no '!=' that reads like a failed check."""
+    from tieaudit.report.runtime_report import render_export_summary
+    from tieaudit.runtime.export import ExportResult
+
+    result = ExportResult(
+        source="src", out="out.onnx", written=True, kind="causal LM", model_class="M", description="d",
+        files=(), parameter_bytes=1000, parameter_initializer_bytes=stored, parameter_bytes_repeated=repeated,
+        initializer_bytes=stored + 24, parameters_not_stored=(), atol=1e-4,
+    )  # fmt: skip
+    (line,) = [line for line in render_export_summary(result).splitlines() if "initializers:" in line]
+    assert line == f"  initializers: {stored + 24:,} bytes: {says}"
+    assert "!=" not in line and "=" not in line

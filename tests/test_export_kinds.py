@@ -67,7 +67,12 @@ def test_t5_exports_encoder_and_decoder_files_each_retied_with_parity(
     assert result.remaining == () and result.max_abs_diff <= 1e-5 and result.runtime_error is None
     # The decoder reads the shared embedding twice (decoder embed and the tied lm_head): one initializer.
     decoder = result.files[1]
-    assert [(d.relation, d.kept) for d in decoder.retied] == [("transposed", "m.lm_head.weight")]
+    assert [(d.relation, d.kept) for d in decoder.retied] == [("transposed", "lm_head.weight")]
+    state = transformers.T5ForConditionalGeneration.from_pretrained(folders["t5"]).state_dict()
+    for name in ("encoder_model.onnx", "decoder_model.onnx"):  # the model's own parameter names
+        initializers = {i.name for i in onnx.load(str(out / name)).graph.initializer}
+        assert {n for n in initializers if "." in n} <= set(state), name
+        assert initializers & {"shared.weight", "encoder.embed_tokens.weight", "lm_head.weight"}, name
     for name in ("encoder_model.onnx", "decoder_model.onnx"):
         assert main(["check", str(out / name)]) == 0  # no TIE001: no copy in either file
 
@@ -166,13 +171,27 @@ def test_bart_is_a_seq2seq_lm_though_transformers_also_lists_it_as_a_masked_lm(t
     loaded = load_source(str(tmp_path / "bart"), {"batch": 2, "sequence": 6, "decoder_sequence": 3})
 
     assert (loaded.kind, loaded.model_class, loaded.folder_out) == (
-        "seq2seq LM", "BartForConditionalGeneration", True
+        "seq2seq LM",
+        "BartForConditionalGeneration",
+        True,
     )
     encoder, decoder = loaded.parts
     assert (encoder.file, encoder.input_names) == ("encoder_model.onnx", ("input_ids", "attention_mask"))
     assert (decoder.file, decoder.input_names, decoder.output_names) == (
-        "decoder_model.onnx", ("input_ids", "encoder_hidden_states", "encoder_attention_mask"), ("logits",)
+        "decoder_model.onnx",
+        ("input_ids", "encoder_hidden_states", "encoder_attention_mask"),
+        ("logits",),
     )
     assert [tuple(t.shape) for t in decoder.inputs] == [(2, 3), (2, 6, 32), (2, 6)]
     with torch.no_grad():
         assert tuple(decoder.module(*decoder.inputs).shape) == (2, 3, 100)
+    # each part holds the model's tensors under the names its state_dict gives them, the one BART
+    # holds itself (final_logits_bias, outside any submodule) included, and reads them from there
+    for part in (encoder, decoder):
+        assert set(part.module.state_dict()) == set(model.state_dict())
+    with torch.no_grad():
+        before = decoder.module(*decoder.inputs)
+        bias = dict(decoder.module.named_buffers())["final_logits_bias"]
+        # swapped through the part, as the exporter swaps its tensors: the model's forward reads it
+        decoder.module.final_logits_bias = bias + 1.0
+        assert torch.equal(decoder.module(*decoder.inputs), before + 1.0)

@@ -94,8 +94,9 @@ def test_check_a_repo_id_audits_the_snapshot_refs_main_names(
     (finding,) = document["findings"]
     assert finding["rule"] == "TIE001"
     assert sorted(finding["names"]) == ["lm_head.weight", "model.embed_tokens.weight"]
-    # the fix writes to the current folder, named after the repository, never into the cache
-    assert finding["fix"] == f"tieaudit retie {repo / 'snapshots' / COMMIT} ./llama-retied"
+    # the fix reads the repository id as typed and writes to the current folder, named after the
+    # repository, never into the cache (tests/test_hf_cache_hints.py runs it)
+    assert finding["fix"] == "tieaudit retie org/llama ./llama-retied"
     assert listing(cache) == before
 
 
@@ -148,16 +149,16 @@ def test_a_repo_id_the_cache_lacks_is_one_error_and_never_a_download(
     assert code == 2  # the others are still audited: the run is incomplete
     assert err[:2] == [
         f"tieaudit: error: org/none: no such file or folder, and not in the Hugging Face cache at {cache} "
-        "(tieaudit never downloads: `huggingface-cli download org/none` fetches it)",
+        "(tieaudit never downloads: `hf download org/none` fetches it)",
         f"tieaudit: error: org/llama@v9: revision v9 of org/llama is not in the Hugging Face cache at "
-        f"{cache} (tieaudit never downloads: `huggingface-cli download org/llama --revision v9` fetches it)",
+        f"{cache} (tieaudit never downloads: `hf download org/llama --revision v9` fetches it)",
     ]
     assert err[2].startswith("tieaudit: 1 checkpoint, 1 failing, 2 errors")
     code, out, err = cli(["inspect", "org/none"], capsys)
     assert (code, out) == (2, "")
     assert err == [
         f"tieaudit: error: org/none: no such file or folder, and not in the Hugging Face cache at {cache} "
-        "(tieaudit never downloads: `huggingface-cli download org/none` fetches it)"
+        "(tieaudit never downloads: `hf download org/none` fetches it)"
     ]
 
 

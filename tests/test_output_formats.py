@@ -231,13 +231,22 @@ def test_the_docs_annotation_and_comment_step_runs(corpus: Corpus, tmp_path: Pat
 
 
 def test_a_failure_after_the_report_keeps_the_report(
-    corpus: Corpus, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    corpus: Corpus, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import tieaudit.gate.baseline
+    from tieaudit.core.errors import OutputError
+
+    def disk_full(path: str, audits: object) -> int:  # what no check before the audit can foresee
+        raise OutputError("cannot write: No space left on device", path)
+
     sarif = tmp_path / "out.sarif"
-    bad_baseline = tmp_path / "no-such-folder" / "baseline.json"
+    bad_baseline = tmp_path / "baseline.json"
     args = [str(corpus.path("st_cloned_head")), "-f", "sarif", "-o", str(sarif)]
-    out, err = checked([*args, "--write-baseline", str(bad_baseline)], capsys, 2)
-    assert "tieaudit: error: " in err and not bad_baseline.exists()
+    with monkeypatch.context() as patch:
+        patch.setattr(tieaudit.gate.baseline, "write_baseline", disk_full)
+        out, err = checked([*args, "--write-baseline", str(bad_baseline)], capsys, 2)
+    assert err.splitlines()[-1] == f"tieaudit: error: {bad_baseline}: cannot write: No space left on device"
+    assert not bad_baseline.exists()
     (run,) = json.loads(sarif.read_text())["runs"]
     assert [r["ruleId"] for r in run["results"]] == ["TIE001"]  # not replaced by a report of the failure
     # A bad policy file stops the run first: the SARIF says why.

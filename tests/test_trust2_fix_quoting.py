@@ -84,10 +84,11 @@ def _make(folder: Path, name: str) -> None:
 
 @pytest.fixture
 def stand_in(tmp_path: Path) -> Iterator[Path]:
-    """A folder holding a `tieaudit` that records its argv (NUL-separated, bytes) in argv.log."""
+    """A folder holding a `tieaudit` and an `hf` that record their argv (NUL-separated, bytes) in
+    argv.log."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for program in ("tieaudit", "huggingface-cli"):
+    for program in ("tieaudit", "hf"):
         script = bin_dir / program
         script.write_text(
             f"#!{sys.executable}\n"
@@ -281,7 +282,7 @@ def test_every_rule_with_a_command_names_the_file_only_in_the_command(
 def test_download_suggestion_for_a_revision_names_exactly_that_revision(
     tmp_path: Path, stand_in: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A repository id the cache lacks a revision of: the `huggingface-cli download` it suggests."""
+    """A repository id the cache lacks a revision of: the `hf download` it suggests."""
     cache = tmp_path / "hub"
     (cache / "models--org--llama" / "snapshots").mkdir(parents=True)
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))

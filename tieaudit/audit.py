@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import asdict, dataclass
 
 from tieaudit.formats import open_checkpoint
@@ -72,6 +74,24 @@ class Audit:
     def failing(self, fail_on: Severity) -> tuple[Finding, ...]:
         """Findings at or above fail_on."""
         return tuple(f for f in self.findings if SEVERITY_RANK[f.severity] >= SEVERITY_RANK[fail_on])
+
+    def as_given(self, read: str, given: str) -> Audit:
+        """This audit with every fix command's operand naming read (the folder the Hugging Face
+        cache resolved a repository id to) naming given (the id as typed, ``org/name[@revision]``)
+        instead: the commands accept the id, and it runs as printed wherever the cache is. Files
+        inside the folder, the output operand and the checkpoint's own path are left as they are."""
+        folder = os.path.abspath(read)
+        if given == read:
+            return self
+
+        def change(operand: str) -> str:
+            return given if os.path.abspath(operand) == folder else operand
+
+        findings = tuple(
+            dataclasses.replace(f, fix=f.fix.with_paths(change)) if f.fix is not None else f
+            for f in self.findings
+        )
+        return Audit(self.graph, findings)
 
 
 def audit_path(path: str, policy: Policy | None = None) -> Audit:

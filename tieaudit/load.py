@@ -16,6 +16,7 @@ import numpy as np
 from tieaudit.core.bytestore import OpenCheckpoint
 from tieaudit.core.dtypes import itemsize
 from tieaudit.core.errors import OutputError, UnsupportedFormatError, UsageError
+from tieaudit.core.escape import printable
 from tieaudit.core.extras import require
 from tieaudit.core.interrupts import signals_guarded
 from tieaudit.core.records import TensorInfo
@@ -205,7 +206,26 @@ def convert_checkpoint(source: str, out: str | None, *, dry_run: bool = False) -
     if (out is not None and os.path.basename(out).endswith(OUT_SUFFIXES["torch"])) or (
         out is None and os.path.isfile(named) and named.endswith(".safetensors")
     ):
-        return convert_to_torch(source, out, dry_run=dry_run)
+        return carried_copies(convert_to_torch(source, out, dry_run=dry_run), source)
     from tieaudit.repair.convert import convert
 
-    return convert(source, out, dry_run=dry_run)
+    return carried_copies(convert(source, out, dry_run=dry_run), source)
+
+
+def carried_copies(result: ConvertResult, source: str) -> ConvertResult:
+    """result with the untied copies its output keeps apart (``ConvertResult.copies``): the output
+    audited as `check` audits it, so each fix is the retie command `check OUT` prints; a dry run
+    audits the input. The output is written and verified by then: an audit that fails adds a note."""
+    import dataclasses
+
+    from tieaudit.audit import audit_path
+    from tieaudit.core.errors import TieauditError
+
+    path = result.written if result.written is not None else source
+    try:
+        findings = audit_path(path).findings
+    except TieauditError as exc:
+        note = printable(f"{path}: not audited for untied copies: {exc.message}")
+        return dataclasses.replace(result, notes=(*result.notes, note))
+    copies = tuple(f for f in findings if f.rule == "TIE001" and f.severity != "note")
+    return dataclasses.replace(result, copies=copies)

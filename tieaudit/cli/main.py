@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 from tieaudit.cli.check_output import report_failures, show_check
 from tieaudit.cli.common import (
+    STDOUT,
     ReportParam,
     SizeParam,
     TieauditGroup,
@@ -83,30 +84,31 @@ def inspect(path: str, fmt: InspectFormat, output: str | None) -> None:
     from tieaudit.audit import audit_path
     from tieaudit.report import render
 
-    path = from_cache(path)
+    given, path = path, from_cache(path)
     others: tuple[str, ...] = ()
     if os.path.isdir(path):
         from tieaudit.gate.discover import folder_checkpoints
 
         one_model, others = folder_checkpoints(path)
         if not one_model:
-            _not_one_model(path, others)
-    audit = audit_path(path)
+            _not_one_model(path, others, given=given)
+    audit = audit_path(path).as_given(path, given)
     write_output(render(audit, fmt, color=use_color(output), width=report_width(output)), output)
     if others:
         count = plural(len(others), "other checkpoint")
-        command = tieaudit_command("check", path)
+        command = tieaudit_command("check", given)
         echo_note(f"{count} in {path} {agree(len(others), 'is')} audited by `{command}`")
 
 
-def _not_one_model(path: str, checkpoints: tuple[str, ...]) -> None:
-    """inspect of a folder that is not one model: what `check` would audit in it instead; exit 2."""
+def _not_one_model(path: str, checkpoints: tuple[str, ...], *, given: str) -> None:
+    """inspect of a folder that is not one model (given: as typed, a cache's repository id for
+    its snapshot): what `check` would audit in it instead; exit 2."""
     why = "no config.json or shard index beside weights"
     if not checkpoints:
         echo_error(f"{path}: no weights found: not one model ({why}), and no checkpoint under it")
     else:
         count = plural(len(checkpoints), "checkpoint")
-        command = tieaudit_command("check", path)
+        command = tieaudit_command("check", given)
         echo_error(f"{path}: not one model ({why}); `{command}` audits the {count} under it:")
         for checkpoint in checkpoints:
             echo_note(f"  {checkpoint}")
@@ -300,6 +302,7 @@ def check(
     """
     import dataclasses
 
+    from tieaudit.core.atomic import require_writable
     from tieaudit.gate.baseline import fingerprint_root, load_baseline, write_baseline
     from tieaudit.gate.check import run_check
     from tieaudit.rules.policy import load_policy
@@ -314,6 +317,9 @@ def check(
         return
     if not paths:
         raise click.UsageError("Missing argument 'PATHS...' (only --show-settings runs without one)")
+    for written in (write_baseline_path, output, *(path for _, path in reports)):  # said before any audit
+        if written is not None and written != STDOUT:
+            require_writable(written)
     baseline = load_baseline(baseline_path) if baseline_path else None
     root = fingerprint_root(baseline, write_baseline_path)
     result = run_check(

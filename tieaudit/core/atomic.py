@@ -69,3 +69,30 @@ def write_text_atomic(path: str, text: str) -> None:
         if isinstance(exc, OSError):  # disk full, quota: one line, not a traceback
             raise OutputError(f"cannot write: {exc.strerror or exc}", path) from exc
         raise
+
+
+def require_writable(path: str) -> None:
+    """OutputError now, before any work, when ``write_text_atomic(path)`` later would fail for
+    sure: path is a folder, its folder is missing or no folder, or that folder (or the device or
+    FIFO path is) cannot be written by this process. Nothing is created, opened or left behind."""
+    try:
+        mode: int | None = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):  # a dangling link too: the rename replaces it
+        mode = None
+    except OSError as exc:
+        raise OutputError(f"cannot write: {exc.strerror or exc}", path) from exc
+    if mode is not None and stat.S_ISDIR(mode):
+        raise OutputError("is a folder; name a file to write to", path)
+    if mode is not None and not stat.S_ISREG(mode):  # written in place, never replaced
+        if not os.access(path, os.W_OK):
+            raise OutputError("cannot write: permission denied", path)
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.lexists(folder):
+        raise OutputError(f"cannot write here: no folder {folder}", path)
+    if not os.path.isdir(folder):
+        raise OutputError(f"cannot write here: {folder} is not a folder", path)
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputError(f"cannot write here: folder {folder} is not writable", path)
+    if os.statvfs(folder).f_flag & os.ST_RDONLY:  # os.access says yes to root there
+        raise OutputError(f"cannot write here: folder {folder} is on a read-only filesystem", path)

@@ -43,6 +43,9 @@ NOT_REPO_SUFFIXES = (*FILE_SUFFIXES, ".json", ".h5", ".git")
 """A missing argument ending like a checkpoint file (``formats.capabilities``), a JSON or HDF5 file,
 or a git repository is a missing path, never looked up as a repository."""
 REPO_FOLDER = re.compile(r"models--(.+)")
+DOWNLOAD = ("hf", "download")
+"""The command that fetches a repository into the cache: huggingface_hub's ``hf`` (1.0 on; its
+``huggingface-cli`` is gone), ``hf download REPO_ID [--revision REVISION]``."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,7 +136,7 @@ def resolve(argument: str, cache: str | None = None) -> CacheSnapshot:
     if not os.path.isdir(repo_folder):
         raise InputError(
             f"no such file or folder, and not in {where} (tieaudit never downloads: "
-            f"`{shell_command('huggingface-cli', 'download', repo_id)}` fetches it)",
+            f"`{shell_command(*DOWNLOAD, repo_id)}` fetches it)",
             argument,
         )
     snapshots = os.path.join(repo_folder, "snapshots")
@@ -142,7 +145,7 @@ def resolve(argument: str, cache: str | None = None) -> CacheSnapshot:
     if "/" in commit or not os.path.isdir(folder):
         raise InputError(
             f"revision {revision} of {repo_id} is not in {where} (tieaudit never downloads: "
-            f"`{shell_command('huggingface-cli', 'download', repo_id, '--revision', revision)}` fetches it)",
+            f"`{shell_command(*DOWNLOAD, repo_id, '--revision', revision)}` fetches it)",
             argument,
         )
     if not _inside(os.path.realpath(folder), os.path.realpath(repo_folder)):

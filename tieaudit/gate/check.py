@@ -195,6 +195,7 @@ def run_check(
     roots += [os.path.abspath(a) for a in arguments if os.path.isdir(a)]
     paths = [t.path for t in found.targets]
     outcomes, across_warnings = cross_file_copies(paths, outcomes, policies, roots=roots)
+    outcomes = [_as_given(outcome, found.from_cache) for outcome in outcomes]
     audited = {
         os.path.abspath(t.path) for t, o in zip(found.targets, outcomes, strict=True) if isinstance(o, Audit)
     }
@@ -242,6 +243,18 @@ def run_check(
         from_cache=found.from_cache,
         warnings=ignored + tuple(across_warnings) + _warnings(found, policy, arguments, exclude=exclude),
     )
+
+
+def _as_given(
+    outcome: Audit | PathError, from_cache: Sequence[tuple[str, CacheSnapshot]]
+) -> Audit | PathError:
+    """The outcome with its fixes naming a cache snapshot's folder by the repository id given for
+    it (``Audit.as_given``): ``tieaudit retie org/name ./name-retied``, not the snapshot's path."""
+    if isinstance(outcome, PathError):
+        return outcome
+    for given, snapshot in from_cache:
+        outcome = outcome.as_given(snapshot.folder, given)
+    return outcome
 
 
 def _warnings(

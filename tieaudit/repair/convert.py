@@ -34,6 +34,7 @@ from tieaudit.repair.hf_writer import copy_file, side_files, write_json
 from tieaudit.repair.publish import check_paths
 from tieaudit.repair.retie import write_and_publish
 from tieaudit.repair.st_stream import write_safetensors
+from tieaudit.rules.finding import Finding
 
 SAFE_FORMAT = {"format": "pt"}
 """The ``__metadata__`` entry transformers requires of a safetensors file it loads."""
@@ -57,6 +58,10 @@ class ConvertResult:
     notes: tuple[str, ...] = ()
     """Stale staging folders of interrupted runs, removed; a reference loader not installed (that
     side verified by tieaudit's own reader only)."""
+    copies: tuple[Finding, ...] = ()
+    """Untied copies carried through (TIE001 at warning or above: equal, transposed or cast tensors
+    stored apart), as auditing the output finds them, each with the fix that re-ties the output;
+    for a dry run, as auditing the input finds them (their fixes name the input)."""
 
 
 def out_weight_name(file: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from tieaudit.core.escape import printable
 from tieaudit.core.units import human_bytes, plural
 from tieaudit.repair.convert import ConvertResult
+from tieaudit.rules.finding import Finding
 
 
 def render_convert(result: ConvertResult) -> str:
@@ -44,4 +45,22 @@ def render_convert(result: ConvertResult) -> str:
             f"wrote {printable(result.written)}: {human_bytes(result.output_bytes)}, "
             "every input name verified bit for bit"
         )
+    lines.extend(_copy_line(finding, written=result.written is not None) for finding in result.copies)
     return "\n".join(lines) + "\n"
+
+
+def _copy_line(finding: Finding, *, written: bool) -> str:
+    """One untied copy the output keeps apart, and what re-ties it: the fix `check OUT` gives (its
+    command runs as printed); a dry run's output does not exist yet."""
+    kept = str(finding.details.get("kept", ""))
+    relations = finding.details.get("relations")
+    members = ", ".join(
+        f"{printable(name)} ({relation})"
+        for name, relation in (relations.items() if isinstance(relations, dict) else ())
+    )
+    line = f"  untied copy kept apart: {printable(kept)} = {members}  ({human_bytes(finding.wasted_bytes)})"
+    if not written:
+        return f"{line}; re-tie the output once written"
+    if finding.fix is None:
+        return line
+    return f"{line}; {finding.fix.label}: {printable(str(finding.fix))}"

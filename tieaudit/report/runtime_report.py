@@ -227,20 +227,7 @@ def render_export_summary(result: ExportResult) -> str:
     several = len(result.files) > 1
     for exported in result.files:
         lines += _file_lines(exported, result.atol, indent="    " if several else "  ", several=several)
-    stored = result.parameter_initializer_bytes - result.parameter_bytes_repeated
-    constants = result.initializer_bytes - result.parameter_initializer_bytes
-    same = "=" if stored == result.parameter_bytes else "!="
-    repeated = (
-        f" ({result.parameter_bytes_repeated:,} bytes of them stored in more than one file, each "
-        "file being loaded alone, counted once)"
-        if result.parameter_bytes_repeated
-        else ""
-    )
-    lines.append(
-        f"  initializers: {result.initializer_bytes:,} bytes: parameters {stored:,} "
-        f"{same} the torch parameter bytes {result.parameter_bytes:,} (a tie counts once){repeated}, "
-        f"plus {constants:,} bytes of graph constants"
-    )
+    lines.append(_bytes_line(result))
     missing = result.parameters_not_stored
     if missing:
         shown = ", ".join(missing[:5])
@@ -248,6 +235,34 @@ def render_export_summary(result: ExportResult) -> str:
         lines.append(f"  not stored under a parameter name (merged or folded by the exporter): {shown}{more}")
     lines.append(f"  result: written {result.out}" if result.written else "  result: FAILED, OUT not written")
     return "\n".join(printable(line) for line in lines) + "\n"  # names come from the model
+
+
+def _bytes_line(result: ExportResult) -> str:
+    """Where the initializer bytes come from: the torch parameters stored under their own names
+    (what the model holds, a tie counted once, or what the exporter left of it) and graph constants."""
+    stored = result.parameter_initializer_bytes - result.parameter_bytes_repeated
+    constants = result.initializer_bytes - result.parameter_initializer_bytes
+    held = result.parameter_bytes
+    if stored == held:
+        parameters = f"{stored:,} of parameters, all the torch model holds (a tie counted once)"
+    elif stored < held:
+        parameters = (
+            f"{stored:,} of parameters under their own names, of the {held:,} the torch model holds (a tie "
+            f"counted once; the exporter merged or folded the other {held - stored:,} into the graph)"
+        )
+    else:
+        parameters = (
+            f"{stored:,} of parameters under their own names, {stored - held:,} more than the {held:,} the "
+            "torch model holds (a tie counted once)"
+        )
+    repeated = (
+        f"; {result.parameter_bytes_repeated:,} more for parameters stored again in another file "
+        "(each file loads alone)"
+        if result.parameter_bytes_repeated
+        else ""
+    )
+    total = result.initializer_bytes
+    return f"  initializers: {total:,} bytes: {parameters}{repeated}; {constants:,} of graph constants"
 
 
 def _file_lines(exported: ExportedFile, atol: float, *, indent: str, several: bool) -> list[str]:

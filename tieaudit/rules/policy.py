@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import reprlib
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -23,7 +22,9 @@ from tieaudit.core.records import DeclaredTie
 from tieaudit.core.units import parse_size
 from tieaudit.graph import DEFAULT_MIN_BYTES
 from tieaudit.graph.detect import ALL_RELATIONS
-from tieaudit.rules.finding import SEVERITIES, Severity
+from tieaudit.rules import policy_values as values
+from tieaudit.rules.finding import Severity
+from tieaudit.rules.policy_values import PolicyError, brief, rule_id
 from tieaudit.rules.registry import RULES
 
 PATH_TABLE = "path"
@@ -40,14 +41,6 @@ REPOSITORY_MARKER = ".git"
 """A folder holding this (a folder, or a worktree's file) is the repository root: the search stops there."""
 DEFAULT = "default"
 COMMAND_LINE = "command line"
-_BRIEF = reprlib.Repr()
-_BRIEF.maxstring = _BRIEF.maxother = 60
-_BRIEF.maxlevel = 3
-
-
-def brief(value: Any) -> str:
-    """A value from the policy file, shortened for a one-line message."""
-    return _BRIEF.repr(value)
 
 
 @dataclass(frozen=True)
@@ -146,27 +139,6 @@ class Policy:
         return dataclasses.replace(self, **changes, ignore=self.ignore | extra, paths=paths, origins=origins)
 
 
-def rule_id(text: str) -> str | None:
-    """The rule id text names, in any letter case ('tie004' -> 'TIE004'), or None."""
-    canonical = text.strip().upper()
-    return canonical if canonical in RULES else None
-
-
-def _severity(value: Any, where: str) -> Severity:
-    for severity in SEVERITIES:
-        if value == severity:
-            return severity
-    raise UsageError(f"severity must be error, warning or note, not {brief(value)}", where)
-
-
-def _rule_ids(values: Any, where: str) -> frozenset[str]:
-    ids = [rule_id(v) if isinstance(v, str) else None for v in values] if isinstance(values, list) else [None]
-    if None in ids:
-        known = ", ".join(RULES)
-        raise UsageError(f"ignore must be a list of rule ids ({known}), not {brief(values)}", where)
-    return frozenset(i for i in ids if i is not None)
-
-
 def _byte_count(key: str) -> Callable[[Any, str], int]:
     """A byte count: an integer, or a string with a unit as on the command line ("1MB", "1.5MiB")."""
 
@@ -176,111 +148,103 @@ def _byte_count(key: str) -> Callable[[Any, str], int]:
             try:
                 count = parse_size(value)
             except ValueError as exc:
-                raise UsageError(f"{key}: {exc}", where) from exc
+                raise PolicyError(f"{key}: {exc}") from exc
         if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= MAX_BYTE_COUNT:
-            raise UsageError(
-                f"{key} must be a byte count (0 to 2**63-1) or a size like 1MB or 1MiB, not {brief(value)}",
-                where,
+            raise PolicyError(
+                f"{key}: {brief(value)} is not a byte count; expected 0 to 2**63-1, or a size like 1MB "
+                "or 1MiB"
             )
         return count
 
     return parse
 
 
-def _relations(value: Any, where: str) -> frozenset[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) and v in ALL_RELATIONS for v in value):
-        raise UsageError(f"relations must be a subset of {sorted(ALL_RELATIONS)}", where)
-    return frozenset(value)
-
-
-def _severities(value: Any, where: str) -> dict[str, Severity]:
-    if not isinstance(value, dict):
-        raise UsageError("severity must map rule ids to error, warning or note", where)
-    unknown = [key for key in value if rule_id(key) is None]
-    if unknown:
-        known = ", ".join(RULES)
-        raise UsageError(f"severity: unknown rule id {brief(unknown[0])} (known: {known})", where)
-    return {rule_id(rule) or rule: _severity(level, where) for rule, level in value.items()}
-
-
-def _expected(entries: Any, where: str) -> tuple[DeclaredTie, ...]:
-    if not isinstance(entries, list):
-        raise UsageError("expect-tie must be an array of tables with target and source", where)
-    ties = []
-    for entry in entries:
-        if (
-            not isinstance(entry, dict)
-            or not isinstance(entry.get("target"), str)
-            or not isinstance(entry.get("source"), str)
-        ):
-            raise UsageError(f"expect-tie entry {brief(entry)} needs string target and source", where)
-        ties.append(
-            DeclaredTie(dropped=entry["target"], kept=entry["source"], declared_by="policy", where=where)
-        )
-    return tuple(ties)
-
-
-def _safe_globals(value: Any, where: str) -> frozenset[str]:
-    from tieaudit.formats.pickle_globals import blocked  # torch's allowlist: only for this key
-
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise UsageError("safe-globals must be an array of dotted names (module.qualname)", where)
-    for name in value:
-        module, _, attr = name.rpartition(".")
-        if not module or not attr or any(not part.isidentifier() for part in name.split(".")):
-            raise UsageError(f"safe-globals entry {brief(name)} is not a dotted module.qualname", where)
-        if blocked(name):
-            raise UsageError(
-                f"safe-globals entry {brief(name)} is in a module torch refuses even after "
-                "add_safe_globals (sys, os, posix, nt)",
-                where,
-            )
-    return frozenset(value)
-
-
 # policy key -> (Policy field, parser): the same keys are valid at the top and in [[path]].
 SETTINGS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
-    "fail-on": ("fail_on", _severity),
+    "fail-on": ("fail_on", values.fail_on),
     "min-size": ("min_bytes", _byte_count("min-size")),
-    "ignore": ("ignore", _rule_ids),
-    "severity": ("severity", _severities),
-    "expect-tie": ("expected_ties", _expected),
-    "relations": ("relations", _relations),
+    "ignore": ("ignore", values.rule_ids),
+    "severity": ("severity", values.severities),
+    "expect-tie": ("expected_ties", values.expected_ties),
+    "relations": ("relations", values.relations),
     "max-wasted-bytes": ("max_wasted_bytes", _byte_count("max-wasted-bytes")),
-    "safe-globals": ("safe_globals", _safe_globals),
+    "safe-globals": ("safe_globals", values.safe_globals),
 }
 
 
-def _settings(table: Mapping[str, Any], extra: set[str], where: str) -> dict[str, Any]:
-    """Policy fields from a TOML table; unknown keys are errors (typos must not pass)."""
+@dataclass(frozen=True)
+class _Source:
+    """The policy file being read: its path, its text and the table holding the settings."""
+
+    path: str
+    text: str = ""
+    table: str = ""
+    """``""`` for tieaudit.toml, ``tool.tieaudit`` for pyproject.toml."""
+
+    def at(self, keys: tuple[str, ...], entry: int | None = None) -> str:
+        """``path:line`` of keys (a setting, then a key inside it) at the top or in the entry-th
+        [[path]], or path alone when the line is not found."""
+        from tieaudit.rules.policy_lines import key_line
+
+        line = key_line(self.text, table=self.table, entry=entry, keys=keys) if self.text else None
+        return f"{self.path}:{line}" if line is not None else self.path
+
+
+def _settings(
+    table: Mapping[str, Any], extra: set[str], source: _Source, *, entry: int | None = None
+) -> dict[str, Any]:
+    """Policy fields from a TOML table (entry: the [[path]] entry's number); unknown keys are errors
+    (typos must not pass). An error names the file and the line of the key, when found."""
+    label = f"[[{PATH_TABLE}]] #{entry}: " if entry is not None else ""
+    where = f"{source.path} [[{PATH_TABLE}]] #{entry}" if entry is not None else source.path
     known = set(SETTINGS) | extra
-    unknown = set(table) - known
+    unknown = [key for key in table if key not in known]  # in file order: the first one's line
     if unknown:
-        raise UsageError(f"unknown policy keys {sorted(unknown)} (known: {sorted(known)})", where)
-    return {SETTINGS[k][0]: SETTINGS[k][1](v, where) for k, v in table.items() if k in SETTINGS}
+        raise UsageError(
+            f"{label}unknown policy keys {sorted(unknown)} (known: {sorted(known)})",
+            source.at((unknown[0],), entry),
+        )
+    fields = {}
+    for key, value in table.items():
+        if key not in SETTINGS:
+            continue
+        name, parse = SETTINGS[key]
+        try:
+            fields[name] = parse(value, where)
+        except UsageError as exc:
+            keys = (key, *exc.keys) if isinstance(exc, PolicyError) else (key,)
+            raise UsageError(f"{label}{exc.message}", source.at(keys, entry)) from exc
+    return fields
 
 
-def _path_entries(entries: Any, where: str) -> tuple[PathPolicy, ...]:
+def _path_entries(entries: Any, source: _Source) -> tuple[PathPolicy, ...]:
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-        raise UsageError(f"{PATH_TABLE} must be an array of tables ([[{PATH_TABLE}]])", where)
+        raise UsageError(
+            f"{PATH_TABLE}: expected an array of tables ([[{PATH_TABLE}]]), not {brief(entries)}",
+            source.at((PATH_TABLE,)),
+        )
     result = []
     for number, entry in enumerate(entries, 1):
-        label = f"{where} [[{PATH_TABLE}]] #{number}"
+        label = f"[[{PATH_TABLE}]] #{number}: "
         glob = entry.get("glob")
         if not isinstance(glob, str) or not glob:
-            raise UsageError('needs glob = "..." (e.g. "models/**/*.onnx")', label)
+            given = f", not {brief(glob)}" if "glob" in entry else ""
+            at = source.at(("glob",) if "glob" in entry else (), number)
+            raise UsageError(f'{label}needs glob = "..." (e.g. "models/**/*.onnx"){given}', at)
         try:
             compile_glob(glob)  # an invalid pattern is found now, not while checkpoints are matched
         except UsageError as exc:
-            raise UsageError(exc.message, label) from exc
-        result.append(PathPolicy(glob, _settings(entry, {"glob"}, label)))
+            raise UsageError(f"{label}{exc.message}", source.at(("glob",), number)) from exc
+        result.append(PathPolicy(glob, _settings(entry, {"glob"}, source, entry=number)))
     return tuple(result)
 
 
-def policy_from_table(table: dict[str, Any], where: str) -> Policy:
-    """Build a Policy from a parsed TOML table; where is the file (its folder roots the globs)."""
-    fields = _settings(table, {PATH_TABLE}, where)
-    paths = _path_entries(table.get(PATH_TABLE, []), where)
+def policy_from_table(table: dict[str, Any], where: str, *, text: str = "", within: str = "") -> Policy:
+    """Build a Policy from a parsed TOML table; where is the file (its folder roots the globs), text
+    its content and within the table holding the settings in it (for the lines errors name)."""
+    source = _Source(where, text, within)
+    fields = _settings(table, {PATH_TABLE}, source)
+    paths = _path_entries(table.get(PATH_TABLE, []), source)
     root = os.path.dirname(os.path.abspath(where))
     origins = {key: where for key in table if key in SETTINGS}
     return Policy(**fields, paths=paths, root=root, source=where, origins=origins)
@@ -321,8 +285,9 @@ def find_policy(start: str) -> Policy | None:
         folder = parent
 
 
-def _parse(path: str) -> dict[str, Any]:
-    """The TOML document at path: size checked before reading, any parse failure one usage error."""
+def _parse(path: str) -> tuple[dict[str, Any], str]:
+    """The TOML document at path, and its text: size checked before reading, any parse failure one
+    usage error."""
     if sys.version_info >= (3, 11):  # imported here: most runs have no policy file to parse
         import tomllib
     else:  # pragma: no cover
@@ -336,14 +301,16 @@ def _parse(path: str) -> dict[str, Any]:
     except (NotRegularFile, OSError) as exc:
         raise UsageError(f"cannot read policy: {exc.strerror or exc}", path) from exc
     try:
-        return tomllib.loads(data.decode("utf-8"))
+        text = data.decode("utf-8")
+        return tomllib.loads(text), text
     except (ValueError, RecursionError) as exc:  # syntax, bad UTF-8, digits, nesting
         raise UsageError(f"cannot read policy: {parse_failure(exc)}", path) from exc
 
 
 def _read(path: str, required: bool) -> Policy | None:
-    document = _parse(path)
-    if os.path.basename(path) == "pyproject.toml":
+    document, text = _parse(path)
+    pyproject = os.path.basename(path) == "pyproject.toml"
+    if pyproject:
         tool = document.get("tool", {})
         table = tool.get("tieaudit") if isinstance(tool, dict) else None
         if table is None:
@@ -356,4 +323,4 @@ def _read(path: str, required: bool) -> Policy | None:
         raise UsageError("tieaudit settings must be a table", path)
     if nesting_depth_exceeds(table, MAX_POLICY_DEPTH):
         raise UsageError(f"policy tables or arrays nest deeper than {MAX_POLICY_DEPTH} levels", path)
-    return policy_from_table(table, path)
+    return policy_from_table(table, path, text=text, within="tool.tieaudit" if pyproject else "")

@@ -90,15 +90,37 @@ def _load(folder: str, class_name: str) -> Any:
     return model.eval()  # type: ignore[no-untyped-call]
 
 
-def logits_only(model: torch.nn.Module) -> torch.nn.Module:
+def adopt(wrapper: torch.nn.Module, model: torch.nn.Module) -> None:
+    """wrapper holds model's submodules, parameters and buffers under model's own names, so that the
+    exporter names each initializer as model.state_dict() names its parameter
+    (``transformer.wte.weight``, not ``m.transformer.wte.weight``); its forward calls model, kept as
+    ``wrapper.m`` outside the module tree. They are the same objects: the submodules themselves,
+    and the very tables of the tensors model holds itself (BART's ``final_logits_bias``), so that
+    what the exporter swaps in through the wrapper is what model's forward reads."""
+    for name, child in model.named_children():
+        wrapper.add_module(name, child)
+    for table in ("_parameters", "_buffers", "_non_persistent_buffers_set"):
+        object.__setattr__(wrapper, table, getattr(model, table))
+    object.__setattr__(wrapper, "m", model)  # not a submodule: its names stay the model's own
+
+
+def logits_only(model: torch.nn.Module, *, own_names: bool = False) -> torch.nn.Module:
     """A causal LM as input_ids -> logits, in eval mode. The explicit mask of ones keeps
-    transformers off aten::diff, which the TorchScript exporter cannot export."""
+    transformers off aten::diff, which the TorchScript exporter cannot export. own_names: the
+    initializers keep the model's own parameter names (``adopt``), as ``tieaudit export`` writes
+    them; else the model is held under ``m`` and they are named ``m.<parameter>``, as the committed
+    ONNX fixtures (fixtures/producers_onnx.py) have them."""
     import torch
 
     class LogitsOnly(torch.nn.Module):
+        m: torch.nn.Module  # the model, outside the module tree with own_names (adopt)
+
         def __init__(self) -> None:
             super().__init__()
-            self.m = model
+            if own_names:
+                adopt(self, model)
+            else:
+                self.m = model
 
         def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
             mask = torch.ones_like(input_ids)
@@ -113,9 +135,11 @@ def masked_logits(model: torch.nn.Module) -> torch.nn.Module:
     import torch
 
     class MaskedLogits(torch.nn.Module):
+        m: torch.nn.Module  # the model, outside the module tree (adopt)
+
         def __init__(self) -> None:
             super().__init__()
-            self.m = model
+            adopt(self, model)
 
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
             logits: torch.Tensor = self.m(input_ids=input_ids, attention_mask=attention_mask).logits
@@ -125,16 +149,19 @@ def masked_logits(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def seq2seq_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """(encoder, decoder) of a seq2seq LM, each wrapping the whole model under ``m`` (so initializers
-    are named after the model's parameters): the encoder maps (input_ids, attention_mask) to
-    last_hidden_state; the decoder, without past key values, maps (input_ids, encoder_hidden_states,
-    encoder_attention_mask) to the logits, through the model's own forward (its scaling included)."""
+    """(encoder, decoder) of a seq2seq LM, each holding the whole model's submodules (``adopt``: the
+    initializers are named as the model's state_dict names its parameters): the encoder maps
+    (input_ids, attention_mask) to last_hidden_state; the decoder, without past key values, maps
+    (input_ids, encoder_hidden_states, encoder_attention_mask) to the logits, through the model's
+    own forward (its scaling included)."""
     import torch
 
     class Encoder(torch.nn.Module):
+        m: torch.nn.Module  # the model, outside the module tree (adopt)
+
         def __init__(self) -> None:
             super().__init__()
-            self.m = model
+            adopt(self, model)
 
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
             encoder: Any = self.m.get_encoder()  # type: ignore[operator]
@@ -142,9 +169,11 @@ def seq2seq_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Mod
             return hidden
 
     class Decoder(torch.nn.Module):
+        m: torch.nn.Module  # the model, outside the module tree (adopt)
+
         def __init__(self) -> None:
             super().__init__()
-            self.m = model
+            adopt(self, model)
 
         def forward(
             self,
@@ -181,7 +210,7 @@ def hf_model(folder: str, dims: Mapping[str, int]) -> ExportModel:
     if kind == "causal LM":
         parts: tuple[ExportSource, ...] = (
             ExportSource(
-                module=logits_only(model), inputs=(ids,), input_names=("input_ids",),
+                module=logits_only(model, own_names=True), inputs=(ids,), input_names=("input_ids",),
                 output_names=("logits",), dynamic_shapes={"input_ids": axes},
                 description=f"input_ids {shape} -> logits",
             ),
