@@ -59,11 +59,14 @@ def test_convert_names_each_copy_it_carries_through_with_a_fix_that_runs(
     assert main(["convert", str(source), out]) == 0
     err = capsys.readouterr().err
     (line,) = _copy_lines(err)
-    assert line.startswith(LEAD + group + "; fix: tieaudit retie "), line
-    assert err.splitlines().index(line) == len(err.splitlines()) - 1  # after the line saying it was written
+    assert line == LEAD + group, line
+    fix = err.splitlines()[-1]  # the fix on a line of its own, after the lines saying it was written
+    assert err.splitlines().index(line) == len(err.splitlines()) - 2 and fix.startswith(
+        "    fix: tieaudit retie "
+    )
     assert main(["check", out, "--jobs", "1"]) == 1  # the copy is there, as the line says
     capsys.readouterr()
-    done = _paste(line.split("; fix: ", 1)[1], tmp_path)
+    done = _paste(fix.removeprefix("    fix: "), tmp_path)
     assert done.returncode == 0, done.stderr
     written = done.stderr.splitlines()[-1]
     assert written.startswith("wrote "), done.stderr

@@ -63,4 +63,4 @@ def _copy_line(finding: Finding, *, written: bool) -> str:
         return f"{line}; re-tie the output once written"
     if finding.fix is None:
         return line
-    return f"{line}; {finding.fix.label}: {printable(str(finding.fix))}"
+    return f"{line}\n    {finding.fix.label}: {printable(str(finding.fix))}"  # whole, on its own line
