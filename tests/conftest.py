@@ -71,6 +71,30 @@ FIXTURE_NAMES = [
 ]
 
 
+# The modules that take most of the suite's time, costliest first (measured with --durations and
+# CPU per module; the whole suite runs in two xdist workers, `make test`). Collected first, so a
+# worker starts on each of them early instead of one finishing alone at the end (--dist loadfile
+# keeps a module on one worker: its module fixtures are built once); marked slow, so that
+# `make test-fast` (-m "not slow") can leave them out. `make test` runs them all.
+SLOW_MODULES = (
+    "test_trust2_pickle_differential.py",
+    "test_trust2_vm_budget.py",
+    "test_tie_table.py",
+    "test_differential_torch.py",
+    "test_readme_commands.py",
+    "test_hostile.py",
+    "test_runtime.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: index for index, name in enumerate(SLOW_MODULES)}
+    for item in items:
+        if item.path.name in rank:
+            item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: order kept within a module
+
+
 class Corpus:
     """The generated fixtures, looked up by name in MANIFEST.json."""
 
