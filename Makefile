@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 # torch is pinned before the project: 2.13.0 is the local CPU wheel; a range would pull a CUDA build.
 TORCH := torch==2.13.0
 
-.PHONY: install lock demo test lint fixtures bench bench-scale fuzz clean tie-table torch-allowlist onnx-descriptor sweep rules-doc
+.PHONY: install lock demo test test-fast lint fixtures bench bench-scale fuzz clean tie-table torch-allowlist onnx-descriptor sweep rules-doc
 
 # constraints.txt pins the test environment (the libraries the committed generated data was made
 # from, and everything else), so a release on the index cannot change what CI runs.
@@ -63,8 +63,16 @@ sweep: $(STAMP)
 demo: $(STAMP)
 	$(PY) scripts/demo.py demo
 
+# The whole suite in TEST_WORKERS xdist workers, a module per worker at a time (--dist loadfile: a
+# module's fixtures are built once); tests/conftest.py starts the slowest modules first.
+# test-fast leaves out the modules marked slow (SLOW_MODULES in tests/conftest.py): a quick
+# check while working, never instead of `make test`.
+TEST_WORKERS ?= 2
 test: $(STAMP) fixtures
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadfile
+
+test-fast: $(STAMP) fixtures
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadfile -m "not slow"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check tieaudit tests fixtures bench scripts fuzz

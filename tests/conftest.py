@@ -6,6 +6,7 @@ Imports nothing heavy: the generator runs in its own process, so torch never loa
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,21 @@ MALFORMED = ROOT / "fixtures" / "malformed"
 # The producer modules (fixtures/producers_*.py) hold the toy models the tests rebuild; importing
 # them imports torch, so tests import them themselves.
 sys.path.insert(0, str(ROOT / "fixtures"))
+
+# The width variables as pytest's process saw them at its start: `import readline` (which pytest
+# does) exports COLUMNS=80 and LINES=24 into the C environment when stdin is no terminal, where
+# os.environ does not see them but child processes inherit them. An xdist worker is such a child:
+# its os.environ would hold them, and a report rendered in-process would wrap at 80 columns where
+# a run without workers renders at tieaudit's default width. A worker gives os.environ back the
+# starting process's view, and leaves the C environment (what its own children inherit) as it is.
+WIDTH_VARIABLES = ("COLUMNS", "LINES")
+_WIDTH_SEEN = "TIEAUDIT_TESTS_WIDTH_ENV"
+if "PYTEST_XDIST_WORKER" not in os.environ:
+    os.environ[_WIDTH_SEEN] = json.dumps({name: os.environ.get(name) for name in WIDTH_VARIABLES})
+elif _WIDTH_SEEN in os.environ:
+    for _name, _value in json.loads(os.environ[_WIDTH_SEEN]).items():
+        if _value is None and _name in os.environ:
+            os.putenv(_name, os.environ.pop(_name))  # out of os.environ, still in what children inherit
 
 # Every fixture fixtures/generate.py must produce; tests parametrize over this list.
 FIXTURE_NAMES = [
@@ -69,6 +85,30 @@ FIXTURE_NAMES = [
     "hf_trainer_gpt2",
     "hf_trainer_gpt2_copy",
 ]
+
+
+# The modules that take most of the suite's time, costliest first (measured with --durations and
+# CPU per module; the whole suite runs in two xdist workers, `make test`). Collected first, so a
+# worker starts on each of them early instead of one finishing alone at the end (--dist loadfile
+# keeps a module on one worker: its module fixtures are built once); marked slow, so that
+# `make test-fast` (-m "not slow") can leave them out. `make test` runs them all.
+SLOW_MODULES = (
+    "test_trust2_pickle_differential.py",
+    "test_trust2_vm_budget.py",
+    "test_tie_table.py",
+    "test_differential_torch.py",
+    "test_readme_commands.py",
+    "test_hostile.py",
+    "test_runtime.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: index for index, name in enumerate(SLOW_MODULES)}
+    for item in items:
+        if item.path.name in rank:
+            item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: order kept within a module
 
 
 class Corpus:

@@ -1,5 +1,6 @@
 """The adversarial corpus (fixtures/hostile/, MANIFEST.json): every input gives exit 2 and one line
-naming the file and the problem, runs no code, writes nothing, and ends in bounded time and memory.
+naming the file and the problem, runs no code, writes nothing, and ends (a run still going after
+TIMEOUT is a hang) in bounded memory.
 
 Every case runs `inspect` and `check` on its own copy, each in its own process with its address
 space capped (RLIMIT_AS), a timeout, and its peak memory measured (wait4). The runs come from a
@@ -37,9 +38,9 @@ import make_hostile  # type: ignore[import-not-found]  # noqa: E402  (the genera
 MEMORY_LIMIT = 2 << 30
 """Address space of each CLI run: numpy and onnx imports need about 1 GiB of it."""
 TIMEOUT = 60.0
-"""A run still going after this long is a hang."""
-TIME_BUDGET = 20.0
-"""What a run may take at most, on a loaded two-core machine (the slowest takes about 2 s alone)."""
+"""A run still going after this long is a hang: it is killed and its test fails. A hang guard, not a
+speed target (the slowest run takes about 2 s alone; bench/ holds the speed targets): how much work
+an input may cause is bounded by the readers' counted budgets, whose refusals the cases assert."""
 COMMANDS = ("inspect", "check")
 FORMATS = ("safetensors", "torch_file", "onnx_model", "hf_dir", "gguf")
 _PR_CAPBSET_DROP = 24
@@ -96,12 +97,8 @@ class Outcome:
 
     returncode: int | None
     """Exit code; None when it was killed for running past TIMEOUT."""
-    seconds: float
-    """Wall time."""
     max_rss_kib: int
     """Peak resident memory of the run (from wait4)."""
-    cpu_seconds: float
-    """User plus system CPU time of the run (from wait4): what the input cost, whatever the load."""
     stdout: str
     stderr: str
 
@@ -153,7 +150,7 @@ def serve(jobs: list[Job], parallel: int) -> list[Outcome]:
     sys.stderr.flush()
     pending = list(enumerate(jobs))
     running: dict[int, tuple[int, float]] = {}
-    ended: dict[int, tuple[int | None, float, int, float]] = {}
+    ended: dict[int, tuple[int | None, int]] = {}
     while pending or running:
         while pending and len(running) < parallel:
             index, job = pending.pop(0)
@@ -169,16 +166,15 @@ def serve(jobs: list[Job], parallel: int) -> list[Outcome]:
                     os.kill(late, 9)  # a hang; reaped (and recorded as killed) below
             time.sleep(0.005)
             continue
-        index, began = running.pop(pid)
+        index, _ = running.pop(pid)
         killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == 9
         code = None if killed else os.waitstatus_to_exitcode(status)
-        cpu = usage.ru_utime + usage.ru_stime
-        ended[index] = (code, time.monotonic() - began, usage.ru_maxrss, cpu)
+        ended[index] = (code, usage.ru_maxrss)
     outcomes = []
     for index, job in enumerate(jobs):
-        code, seconds, rss, cpu = ended[index]
+        code, rss = ended[index]
         out, err = (Path(job.stem + suffix).read_text(errors="replace") for suffix in (".out", ".err"))
-        outcomes.append(Outcome(code, seconds, rss, cpu, out, err))
+        outcomes.append(Outcome(code, rss, out, err))
     return outcomes
 
 
@@ -278,10 +274,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[tuple[str, s
 
 
 SMALL_INPUT_BYTES = 64 << 10
-"""Inputs up to this size (a file, or a folder's files) must stay within the small budgets below."""
-SMALL_CPU_SECONDS = 1.0
-"""CPU time (user + system) a run on a small input may take: a 64 KB file is never an hour's work.
-CPU time rather than wall time, so that a loaded CI machine does not make the bound flaky."""
+"""Inputs up to this size (a file, or a folder's files) must stay within the small budget below."""
 SMALL_MAX_RSS_KIB = 256 << 10
 """Peak resident memory of a run on a small input (256 MiB, interpreter and imports included)."""
 
@@ -337,10 +330,8 @@ def test_hostile_input_is_refused_in_one_line(
     run = runs[(case.name, command)]
     outcome = run.outcome
     assert outcome.returncode is not None, f"{command} did not finish in {TIMEOUT} s (a hang)"
-    assert outcome.seconds < TIME_BUDGET, f"{command} took {outcome.seconds:.1f} s"
     assert outcome.max_rss_kib < MAX_RSS_KIB, f"{command} peaked at {outcome.max_rss_kib >> 10} MiB"
     if run.setup_free_size() <= SMALL_INPUT_BYTES:
-        assert outcome.cpu_seconds < SMALL_CPU_SECONDS, f"{command} used {outcome.cpu_seconds:.2f} s of CPU"
         assert outcome.max_rss_kib < SMALL_MAX_RSS_KIB, f"{command} peaked at {outcome.max_rss_kib >> 10} MiB"
     if case.finding:  # read with inert placeholders: reported, nothing run
         assert outcome.returncode == _finding_exit(case, command), (outcome.returncode, outcome.stderr)

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from torch_child import torch_load
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTILE = ROOT / "fixtures" / "hostile"
@@ -64,22 +65,43 @@ def _tie010_names(document: dict[str, object]) -> list[str]:
     return [n for r in reports for f in r["findings"] if f["rule"] == "TIE010" for n in f["names"]]
 
 
-@pytest.mark.parametrize("payload", LIVE, ids=[p.slug for p in LIVE])
-def test_payload_runs_under_full_unpickle_and_check_fails_it(payload: object, tmp_path: Path) -> None:
-    assert isinstance(payload, verdict_cases.Payload)
-    data = builders._zip_with_evil(payload.build(), payload.protocol)
-    wide, strict, audit = (tmp_path / d for d in ("wide", "strict", "audit"))
-    for folder in (wide, strict, audit):
-        folder.mkdir()
-        (folder / "model.pt").write_bytes(data)
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str, Path, str]]:
+    """Each live payload in its own folders, loaded by torch: (wide folder, torch's answer without
+    weights_only, strict folder, its answer with it). One child for each kind of load (torch is
+    imported twice, not twice per payload: tests/torch_child.py); each load in its payload's folder,
+    where the payload's code writes its marker."""
+    base = tmp_path_factory.mktemp("verdict")
+    folders = {}
+    for payload in LIVE:
+        data = builders._zip_with_evil(payload.build(), payload.protocol)
+        wide, strict = base / "wide" / payload.slug, base / "strict" / payload.slug
+        for folder in (wide, strict):
+            folder.mkdir(parents=True)
+            (folder / "model.pt").write_bytes(data)
+        folders[payload.slug] = (wide, strict)
+    wide_answers = torch_load([wide for wide, _ in folders.values()], weights_only=False)
+    strict_answers = torch_load([strict for _, strict in folders.values()], weights_only=True)
+    return {
+        slug: (wide, wide_answers[str(wide)], strict, strict_answers[str(strict)])
+        for slug, (wide, strict) in folders.items()
+    }
 
-    _torch_load(wide / "model.pt", weights_only=False)
+
+@pytest.mark.parametrize("payload", LIVE, ids=[p.slug for p in LIVE])
+def test_payload_runs_under_full_unpickle_and_check_fails_it(
+    payload: object, loaded: dict[str, tuple[Path, str, Path, str]], tmp_path: Path
+) -> None:
+    assert isinstance(payload, verdict_cases.Payload)
+    wide, _, strict, refused = loaded[payload.slug]
     assert (wide / builders.MARKER).exists(), "the payload did not run: it proves nothing"
 
-    refused = _torch_load(strict / "model.pt", weights_only=True)
-    assert refused.returncode == 7 and "UnpicklingError" in refused.stdout, refused.stdout
+    assert refused == "UnpicklingError", refused
     assert not (strict / builders.MARKER).exists()
 
+    audit = tmp_path / "audit"
+    audit.mkdir()
+    (audit / "model.pt").write_bytes(builders._zip_with_evil(payload.build(), payload.protocol))
     code, document = _check(audit / "model.pt", tmp_path / "report.json")
     assert code == 1
     assert payload.named in _tie010_names(document)
