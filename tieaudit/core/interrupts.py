@@ -71,10 +71,21 @@ class SignalGuard:
 
     def rearm(self) -> None:
         """The Interrupted this guard raised was lost (Python could only report it, in a ``__del__``
-        or a callback): raise it again at the next instruction of the main thread."""
+        or a callback): raise it again in the main thread, once the report of the loss is over.
+
+        Not from here: ``signal.raise_signal`` runs the handler at once, inside the report (the
+        unraisable hook), where the Interrupted is lost again and printed as "Exception ignored".
+        A thread of its own trips the signal for the main thread instead, which acts on it once the
+        thread runs, after the hook returned (lost again somewhere, it is armed again, until it
+        lands in the run)."""
         if self._raised and not self._held and self.caught is not None:
             self._raised = False
-            signal.raise_signal(self.caught)
+            import _thread
+
+            try:  # not threading.Thread: its start() waits for the thread, inside the hook
+                _thread.start_new_thread(_thread.interrupt_main, (signal.Signals(self.caught),))
+            except RuntimeError:  # the interpreter is shutting down: the run's exit status says it
+                pass
 
     def hold(self) -> None:
         """The run is over: every signal from now on is ignored, also while the interpreter shuts
@@ -124,11 +135,15 @@ def guard_process() -> SignalGuard:
     report = sys.unraisablehook
 
     def raise_again(unraisable: Any) -> None:
-        lost = unraisable.exc_value
-        if not isinstance(lost, Interrupted):
-            report(unraisable)
-        elif lost.guard is not None:
-            lost.guard.rearm()
+        try:
+            lost = unraisable.exc_value
+            if not isinstance(lost, Interrupted):
+                report(unraisable)
+            elif lost.guard is not None:
+                lost.guard.rearm()
+        except Interrupted as again:  # the signal acted inside this hook after all: once more, later
+            if again.guard is not None:
+                again.guard.rearm()
 
     sys.unraisablehook = raise_again
     return guard
@@ -181,6 +196,24 @@ def signals_guarded() -> Iterator[SignalGuard]:
     if guard.caught is not None:
         _deliver(guard.caught, previous.get(guard.caught))
         raise Interrupted(guard.caught)
+
+
+@contextmanager
+def signals_blocked() -> Iterator[None]:
+    """SIGINT and SIGTERM held back for the block (blocked in this thread, the main one), then acted
+    on: a process forked inside it starts with them blocked, so it sets its own dispositions before
+    it takes any (``gate.executors``: workers ignore Ctrl-C, which is the parent's, and end at
+    SIGTERM) instead of running this process's guard; and no handler runs in fork's callbacks
+    (``os.register_at_fork``), where an exception is lost and a lock they release stays held.
+    A thread started inside the block keeps them blocked for good: they are the main thread's."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # a held signal acts here
 
 
 @contextmanager

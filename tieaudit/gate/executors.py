@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from tieaudit.core.errors import UsageError
 from tieaudit.core.escape import printable, quoted
+from tieaudit.core.interrupts import SIGNALS, signals_blocked
 from tieaudit.core.units import checked_seconds
 from tieaudit.gate import CONNECT_TIMEOUT_S
 from tieaudit.gate.discover import PathError
@@ -23,7 +24,7 @@ from tieaudit.gate.progress import ProgressBar
 from tieaudit.gate.tasks import Executor, Outcomes, Work, audit_chunk, audit_one
 
 if TYPE_CHECKING:
-    from concurrent.futures import Future
+    from concurrent.futures import Future, ProcessPoolExecutor
 
 PRELOAD = (
     "tieaudit.rules.registry",
@@ -44,6 +45,7 @@ PROTOCOLS = ("tcp", "tls", "ws", "wss")
 _HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9_-]{1,63}(?<!-))*\.?")
 _PORT = re.compile(r"[0-9]{1,5}")
 DIED = "the audit process died before finishing (out of memory?)"
+STOPPED = "the audit process was sent SIGTERM before finishing"
 
 
 @dataclass(frozen=True)
@@ -140,8 +142,51 @@ def open_executor(
         yield executor, ignored
 
 
+class WorkerStopped(BaseException):
+    """A worker's audit stopped by SIGTERM: the parent ends the run (a signal, an error), or the whole
+    process group was sent it. Sent back as the task's outcome, which nobody reads any more."""
+
+
+_WORKER = {"auditing": False, "stopped": False}
+"""A worker process's state: inside an audit (where SIGTERM stops it at once), stop requested."""
+
+
+def _stop_requested(signum: int, frame: object) -> None:
+    """A worker's SIGTERM: stop the audit it is in; between audits (taking a task, sending a
+    result) only remember it, so that the pool's pipes never hold half a message (the parent's
+    reader would wait for the rest for ever), and refuse the next audit."""
+    _WORKER["stopped"] = True
+    if _WORKER["auditing"]:
+        raise WorkerStopped(signum)
+
+
+def _audit_in_worker(work: Work) -> Outcomes:
+    """audit_chunk in a worker, stoppable by SIGTERM while it audits."""
+    if _WORKER["stopped"]:
+        raise WorkerStopped(signal.SIGTERM)
+    _WORKER["auditing"] = True
+    try:
+        return audit_chunk(work)
+    finally:
+        _WORKER["auditing"] = False
+
+
 def _quiet_worker() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle, once
+    """A forked worker's signals, set before it takes any (it is forked with them blocked): Ctrl-C
+    is the parent's to handle, once; SIGTERM stops its audit (``_stop_requested``). Never the
+    parent's guard, which would raise anywhere in the worker, half-way through a result too."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _stop_requested)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """The run ends before its audits (a signal, an error): tasks not started are dropped and every
+    worker's audit stopped now (SIGTERM), instead of running to its end before the process exits."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())  # None after shutdown
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.terminate()
 
 
 def _stored_bytes(path: str) -> int:
@@ -176,6 +221,8 @@ def _collect(future: Future[Outcomes], chunk: Work) -> Outcomes:
         return future.result()
     except BrokenProcessPool:
         return [PathError(path=path, message=DIED) for path, _ in chunk]
+    except WorkerStopped:  # SIGTERM sent to a worker alone: its audits did not run to their end
+        return [PathError(path=path, message=STOPPED) for path, _ in chunk]
 
 
 def _preload(paths: list[str]) -> None:
@@ -200,7 +247,8 @@ def _audit_in_pool(work: Work, workers: int, bar: ProgressBar) -> Outcomes:
     context = multiprocessing.get_context(method)
     pool = ProcessPoolExecutor(min(workers, len(parts)), context, initializer=_quiet_worker)
     try:
-        futures = {pool.submit(audit_chunk, part): i for i, part in enumerate(parts)}
+        with signals_blocked():  # the workers are forked at the first submit
+            futures = {pool.submit(_audit_in_worker, part): i for i, part in enumerate(parts)}
         outcomes: list[Outcomes] = [[] for _ in parts]
         pending: set[Future[Any]] = set(futures)
         while pending:
@@ -211,7 +259,7 @@ def _audit_in_pool(work: Work, workers: int, bar: ProgressBar) -> Outcomes:
                 bar.advance(len(parts[index]))
             bar.tick()
     except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
+        _stop(pool)
         raise
     pool.shutdown()
     return [outcome for part in outcomes for outcome in part]

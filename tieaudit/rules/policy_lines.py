@@ -17,7 +17,7 @@ _HEADER = re.compile(r"\s*\[(\[)?\s*([\w\-. \"']+?)\s*\]\]?\s*(?:#.*)?$")
 _QUOTES = "\"'"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Line:
     number: int
     text: str
@@ -49,7 +49,9 @@ def _scan(text: str, array: str) -> list[_Line]:
         if header is not None:
             table = _header_name(header.group(2))
             entries += bool(header.group(1)) and table == array
-        lines.append(_Line(number, text_line, table, header is not None, entries))
+        lines.append(
+            _Line(number=number, text=text_line, table=table, header=header is not None, entries=entries)
+        )
         for quotes in ('"""', "'''"):
             if header is None and text_line.count(quotes) % 2 == 1:
                 inside = quotes
