@@ -64,15 +64,17 @@ demo: $(STAMP)
 	$(PY) scripts/demo.py demo
 
 # The whole suite in TEST_WORKERS xdist workers, a module per worker at a time (--dist loadfile: a
-# module's fixtures are built once); tests/conftest.py starts the slowest modules first.
+# module's fixtures are built once), in the order tests/conftest.py collects them: the slowest
+# modules first (--no-loadscope-reorder: xdist would otherwise order modules by test count).
 # test-fast leaves out the modules marked slow (SLOW_MODULES in tests/conftest.py): a quick
 # check while working, never instead of `make test`.
 TEST_WORKERS ?= 2
 test: $(STAMP) fixtures
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test-fast: $(STAMP) fixtures
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadfile -m "not slow"
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+		-m "not slow"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check tieaudit tests fixtures bench scripts fuzz

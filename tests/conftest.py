@@ -94,10 +94,10 @@ FIXTURE_NAMES = [
 # `make test-fast` (-m "not slow") can leave them out. `make test` runs them all.
 SLOW_MODULES = (
     "test_trust2_pickle_differential.py",
-    "test_trust2_vm_budget.py",
-    "test_tie_table.py",
     "test_differential_torch.py",
     "test_readme_commands.py",
+    "test_trust2_vm_budget.py",
+    "test_tie_table.py",
     "test_hostile.py",
     "test_runtime.py",
 )
