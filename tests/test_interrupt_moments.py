@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
+from test_trust2_interrupts import _guarded
 
 ROOT = Path(__file__).resolve().parent.parent
 EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
@@ -62,16 +63,6 @@ def _children(pid: int) -> list[int]:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
         return []
-
-
-def _guarded(pid: int) -> bool:
-    """The process guard is installed (Python sets no SIGTERM handler of its own)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    caught = next((int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt:")), 0)
-    return bool(caught & (1 << (signal.SIGTERM - 1)))
 
 
 def _maps_a_checkpoint(pid: int, folder: Path) -> bool:
