@@ -217,13 +217,29 @@ def test_a_baseline_naming_a_folder_is_refused_before_any_audit(repo: Path) -> N
         assert "'models' is a directory" in line  # click's check of dir_okay=False
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes a folder whatever its mode")
-def test_a_baseline_in_a_folder_that_cannot_be_written_stops_the_run_before_any_audit(repo: Path) -> None:
+def test_a_baseline_in_a_folder_that_cannot_be_written_stops_the_run_before_any_audit(
+    repo: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 0555 folder as a user other than root sees it (os.access answers for the mode; root, which CI
+    runs as, writes whatever the mode, so the answer is the one a user's os.access gives)."""
+    import tieaudit.core.atomic
+    from tieaudit.cli.main import main
+
     locked = repo / "locked"
     locked.mkdir(mode=0o555)
-    result = check(repo, "--write-baseline", "locked/baseline.json")
-    assert (result.returncode, result.stdout) == (2, "")
-    assert result.stderr.splitlines() == [
+    real = os.access
+
+    def as_a_user(path: str | os.PathLike[str], mode: int) -> bool:
+        if Path(path) == locked and mode & os.W_OK:
+            return False
+        return real(path, mode)
+
+    monkeypatch.setattr(tieaudit.core.atomic.os, "access", as_a_user)
+    monkeypatch.chdir(repo)
+    assert main(["check", "models", "--write-baseline", "locked/baseline.json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines() == [
         f"tieaudit: error: locked/baseline.json: cannot write here: folder {locked} is not writable"
     ]
     assert not any(locked.iterdir())
