@@ -58,6 +58,13 @@ def uneven(models: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+def _as_typed_at_a_terminal() -> None:
+    """The child starts with SIGINT at its default, as a command typed at a terminal does: a test run
+    launched in the background of a non-interactive shell (`make test &`, nohup) has SIGINT ignored,
+    children inherit that, and Python then rightly leaves it ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _children(pid: int) -> list[int]:
     try:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
@@ -102,6 +109,7 @@ def _run(
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=_as_typed_at_a_terminal,
     )
     try:
         while child.poll() is None and not ready(child.pid):
@@ -222,6 +230,7 @@ def test_a_signal_while_the_workers_are_forked_ends_the_run(models: Path) -> Non
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=_as_typed_at_a_terminal,
     )
     try:
         out, err = child.communicate(timeout=BOUND_S)
@@ -273,6 +282,10 @@ except Interrupted as exc:
 
 def test_an_interrupted_lost_in_a_finalizer_lands_in_the_run_and_prints_nothing() -> None:
     done = subprocess.run(
-        [sys.executable, "-c", UNRAISABLE_DRIVER], capture_output=True, text=True, timeout=BOUND_S
+        [sys.executable, "-c", UNRAISABLE_DRIVER],
+        capture_output=True,
+        text=True,
+        timeout=BOUND_S,
+        preexec_fn=_as_typed_at_a_terminal,
     )
     assert (done.stdout, done.stderr) == (f"interrupted {int(signal.SIGINT)}\n", "")
