@@ -65,6 +65,19 @@ def _as_typed_at_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def _spawn(args: list[str], cwd: Path | None = None) -> subprocess.Popen[str]:
+    """This Python with args, in a session of its own (its group takes the signals), SIGINT default."""
+    return subprocess.Popen(
+        [sys.executable, *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=_as_typed_at_a_terminal,
+    )
+
+
 def _children(pid: int) -> list[int]:
     try:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
@@ -102,15 +115,7 @@ def _run(
 ) -> tuple[subprocess.CompletedProcess[str], bool]:
     """`tieaudit ARGV` in a session of its own; once ready(pid) holds, each signal is sent to its
     process group (as a terminal's Ctrl-C is). Whether ready held before the run ended, and the run."""
-    child = subprocess.Popen(
-        [sys.executable, "-m", "tieaudit", *argv],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        preexec_fn=_as_typed_at_a_terminal,
-    )
+    child = _spawn(["-m", "tieaudit", *argv], cwd=cwd)
     try:
         while child.poll() is None and not ready(child.pid):
             time.sleep(0.0005)
@@ -224,14 +229,7 @@ sys.exit(main(["check", sys.argv[1], "--jobs", "2"]))
 
 
 def test_a_signal_while_the_workers_are_forked_ends_the_run(models: Path) -> None:
-    child = subprocess.Popen(
-        [sys.executable, "-c", FORK_DRIVER, str(models)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        preexec_fn=_as_typed_at_a_terminal,
-    )
+    child = _spawn(["-c", FORK_DRIVER, str(models)])
     try:
         out, err = child.communicate(timeout=BOUND_S)
     finally:
